@@ -1,0 +1,48 @@
+# Everything runs inside .venv, created from the lock file on first use.
+# `make run` serves on 127.0.0.1:8000 (embedded SQLite, offline model, no key needed);
+# `make test` runs the whole test suite against the Postgres at DATABASE_URL.
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+VENV := .venv
+TOOLS := .tools
+UV := $(TOOLS)/bin/uv
+STAMP := $(VENV)/.synced
+
+.PHONY: run test check lint types openapi migrate bench clean
+
+# uv (the installer) lives in its own small venv so `uv sync` never removes it.
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/python -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+
+$(STAMP): $(UV) pyproject.toml uv.lock
+	$(UV) sync --frozen --quiet
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(UV) run --frozen python -m app serve
+
+test: $(STAMP)
+	$(UV) run --frozen pytest
+
+check: lint types test
+
+lint: $(STAMP)
+	$(UV) run --frozen ruff check .
+	$(UV) run --frozen ruff format --check .
+
+types: $(STAMP)
+	$(UV) run --frozen mypy
+
+openapi: $(STAMP)
+	$(UV) run --frozen python -m app openapi
+
+migrate: $(STAMP)
+	$(UV) run --frozen python -m app migrate
+
+bench: $(STAMP)
+	$(UV) run --frozen python -m bench
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache

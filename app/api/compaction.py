@@ -1,0 +1,86 @@
+"""Routes: context accounting, the next request, manual compaction and snips."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+
+from app.api.deps import DbDep, RuntimeDep, SessionDep
+from app.errors import NotFound, UpstreamError
+from app.models import Run
+from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, SnipOut
+from app.services import compaction, snips
+from app.services.requests import build_body
+from app.services.runs import run_out
+from app.services.view import load_view
+
+router = APIRouter(prefix="/sessions/{session_id}", tags=["compaction"])
+
+
+@router.get("/context")
+async def get_context(session: SessionDep, db: DbDep, runtime: RuntimeDep) -> ContextOut:
+    """How full the context is, and what fills it."""
+    return ContextOut.model_validate(await compaction.context_report(db, session, runtime))
+
+
+@router.get("/context/request")
+async def get_next_request(session: SessionDep, db: DbDep) -> dict[str, Any]:
+    """The exact JSON body of the next model request, built but not sent."""
+    view = await load_view(db, session)
+    return build_body(session, view.projected)
+
+
+@router.post(
+    "/compact",
+    response_model=CompactResult,
+    responses={
+        202: {"model": RunOut, "description": "Started in the background"},
+        409: {"description": "Another run is active"},
+        422: {"description": "Nothing can be compacted safely"},
+        502: {"description": "The summary request failed; nothing changed"},
+    },
+)
+async def compact_now(
+    session: SessionDep, db: DbDep, runtime: RuntimeDep, body: CompactIn | None = None
+) -> Response:
+    """Manual compaction: a run of kind `compact` that holds the session."""
+    body = body or CompactIn()
+    await compaction.precheck(db, session, runtime)
+    run = await runtime.runs.submit_turn(
+        db,
+        session,
+        content=None,
+        parent_uuid=None,
+        if_busy="reject",
+        idempotency_key=None,
+        digest="",
+        kind="compact",
+        params={"instructions": body.instructions},
+    )
+    await db.commit()
+    runtime.runs.launch(run.id)
+    if body.background:
+        return JSONResponse(run_out(run).model_dump(mode="json"), status_code=202)
+    await runtime.runs.wait_settled(run.id)
+    async with runtime.db.sessionmaker() as fresh:
+        done = await fresh.get(Run, run.id)
+    if done is None:
+        raise NotFound(f"Run {run.id} not found")
+    error = done.error or {}
+    if done.status != "completed":
+        if error.get("type") == "nothing_to_compact":
+            from app.errors import Invalid
+
+            raise Invalid(error.get("message", "Nothing can be compacted safely"))
+        raise UpstreamError(error.get("message", "The compaction failed; nothing changed"))
+    outcome = (done.state or {}).get("compaction", {})
+    result = CompactResult.model_validate({"run": run_out(done), **outcome})
+    return JSONResponse(result.model_dump(mode="json"))
+
+
+@router.post("/snip")
+async def snip_messages(body: SnipIn, session: SessionDep, db: DbDep) -> SnipOut:
+    """Leave messages out of every later model request (they stay in history)."""
+    return SnipOut(snipped=await snips.snip(db, session, body.uuids))

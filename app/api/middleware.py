@@ -1,0 +1,154 @@
+"""Pure ASGI middleware: request ids, body size limits, last-resort error rendering, metrics.
+
+Pure ASGI (not BaseHTTPMiddleware) so streaming responses pass straight through and
+the size limit can count bytes as they arrive instead of trusting Content-Length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.errors import PROBLEM_JSON, PayloadTooLarge
+from app.services import metrics
+
+log = logging.getLogger("parley.http")
+
+request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
+
+_VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class RequestContextMiddleware:
+    """X-Request-Id on every answer, request metrics, and a problem+json 500 (no trace)
+    for anything that escaped the exception handlers."""
+
+    def __init__(self, app: ASGIApp, route_name: Callable[[Scope], str]) -> None:
+        self.app = app
+        self.route_name = route_name
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        incoming = _header(scope, b"x-request-id")
+        request_id = (
+            incoming if incoming and _VALID_REQUEST_ID.match(incoming) else uuid.uuid4().hex
+        )
+        token = request_id_var.set(request_id)
+        scope.setdefault("state", {})["request_id"] = request_id
+        started = time.perf_counter()
+        status_holder = {"status": 500, "started": False}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status_holder["status"] = message["status"]
+                status_holder["started"] = True
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if not status_holder["started"]:
+                body = json.dumps(
+                    {
+                        "type": "internal",
+                        "title": "Internal error",
+                        "status": 500,
+                        "detail": "An unexpected error occurred",
+                    }
+                ).encode()
+                await send_with_id(
+                    {
+                        "type": "http.response.start",
+                        "status": 500,
+                        "headers": [
+                            (b"content-type", PROBLEM_JSON.encode()),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send_with_id({"type": "http.response.body", "body": body})
+        finally:
+            request_id_var.reset(token)
+            metrics.observe_request(
+                scope.get("method", "GET"),
+                self.route_name(scope),
+                int(status_holder["status"]),
+                time.perf_counter() - started,
+            )
+
+
+class BodyLimitMiddleware:
+    """Refuse bodies over a per-route limit with 413, counting bytes as they stream in."""
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[Scope], int]) -> None:
+        self.app = app
+        self.limit_for = limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope)
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _send_problem(send, PayloadTooLarge(_too_large(limit)))
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise PayloadTooLarge(_too_large(limit))
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def _too_large(limit: int) -> str:
+    return f"The request body exceeds the limit of {limit} bytes for this route"
+
+
+async def _send_problem(send: Send, error: PayloadTooLarge) -> None:
+    body = json.dumps(error.problem()).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": error.status,
+            "headers": [
+                (b"content-type", PROBLEM_JSON.encode()),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template (low-cardinality metric label)."""
+    route: Any = scope.get("route")
+    return str(getattr(route, "path", None) or "unmatched")

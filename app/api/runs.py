@@ -1,0 +1,175 @@
+"""Routes: posting turns, regenerating, and the runs of a session (events, cancel,
+client tool results)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from sqlalchemy import and_, or_, select
+
+from app.api.deps import DbDep, RuntimeDep, SessionDep
+from app.api.streaming import SSE_RESPONSES, deliver, delivery_mode, sse_stream
+from app.errors import Invalid, NotFound
+from app.models import Run
+from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
+from app.services import store
+from app.services.runs import load_run, request_hash, run_out
+
+router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
+
+IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+TURN_RESPONSES = {
+    **SSE_RESPONSES,
+    200: {**SSE_RESPONSES[200], "model": TurnResult},
+    202: {"model": RunOut, "description": "Started in the background"},
+    409: {"description": "The session has an active run (if_busy=reject)"},
+}
+
+
+@router.post("/messages", responses=TURN_RESPONSES, response_model=None)
+async def post_turn(
+    body: TurnIn,
+    request: Request,
+    session: SessionDep,
+    db: DbDep,
+    runtime: RuntimeDep,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Post a user turn and run the agent loop."""
+    mode = delivery_mode(request, stream=body.stream, background=body.background)
+    digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+    run = await runtime.runs.find_idempotent(db, session.id, idempotency_key, digest)
+    if run is None:
+        run = await runtime.runs.submit_turn(
+            db,
+            session,
+            content=body.content,
+            parent_uuid=body.parent_uuid,
+            if_busy=body.if_busy,
+            idempotency_key=idempotency_key,
+            digest=digest,
+        )
+        await db.commit()
+        if run.status == "running":
+            runtime.runs.launch(run.id)
+    return await deliver(runtime, run, mode)
+
+
+@router.post("/messages/{message_uuid}/regenerate", responses=TURN_RESPONSES, response_model=None)
+async def regenerate(
+    message_uuid: uuid.UUID,
+    body: DeliveryMode,
+    request: Request,
+    session: SessionDep,
+    db: DbDep,
+    runtime: RuntimeDep,
+) -> Response:
+    """A new assistant reply as a sibling of assistant message `message_uuid`."""
+    row = await store.get_message(db, session.id, message_uuid)
+    if row is None:
+        raise NotFound(f"Message {message_uuid} not found in this session")
+    if row.role != "assistant" or row.parent_uuid is None:
+        raise Invalid("Only an assistant reply with a parent can be regenerated")
+    mode = delivery_mode(request, stream=body.stream, background=body.background)
+    run = await runtime.runs.submit_turn(
+        db,
+        session,
+        content=None,
+        parent_uuid=row.parent_uuid,
+        if_busy="reject",
+        idempotency_key=None,
+        digest="",
+        params={"regenerate": str(message_uuid)},
+    )
+    await db.commit()
+    runtime.runs.launch(run.id)
+    return await deliver(runtime, run, mode)
+
+
+@router.get("/runs")
+async def list_runs(
+    session: SessionDep,
+    db: DbDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    after: uuid.UUID | None = None,
+) -> Page[RunOut]:
+    """Runs of the session, newest first."""
+    query = select(Run).where(Run.session_id == session.id)
+    if after is not None:
+        anchor = await db.get(Run, after)
+        if anchor is None or anchor.session_id != session.id:
+            raise Invalid("The cursor is not valid")
+        query = query.where(
+            or_(
+                Run.created_at < anchor.created_at,
+                and_(Run.created_at == anchor.created_at, Run.id < anchor.id),
+            )
+        )
+    rows = list(
+        await db.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1))
+    )
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return Page[RunOut](
+        data=[run_out(r) for r in rows], next_cursor=str(rows[-1].id) if more and rows else None
+    )
+
+
+@router.get("/runs/{run_id}")
+async def get_run(run_id: uuid.UUID, session: SessionDep, db: DbDep) -> RunOut:
+    return run_out(await load_run(db, session.id, run_id))
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    response_class=Response,
+    responses={200: SSE_RESPONSES[200]},
+)
+async def run_events(
+    run_id: uuid.UUID,
+    session: SessionDep,
+    db: DbDep,
+    runtime: RuntimeDep,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    after: Annotated[int | None, Query(ge=0)] = None,
+) -> Response:
+    """The run's events: every one after `Last-Event-ID` (or `after`), then live."""
+    await load_run(db, session.id, run_id)
+    start = after or 0
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise Invalid("Last-Event-ID must be an event id (a whole number)")
+        start = int(last_event_id)
+    return sse_stream(runtime, run_id, start)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_run(
+    run_id: uuid.UUID, session: SessionDep, db: DbDep, runtime: RuntimeDep
+) -> RunOut:
+    """Stop the run; what it produced is kept and the history stays valid."""
+    run = await load_run(db, session.id, run_id)
+    run = await runtime.runs.cancel(db, session, run)
+    await db.commit()
+    return run_out(run)
+
+
+@router.post("/runs/{run_id}/tool_results", responses=TURN_RESPONSES, response_model=None)
+async def submit_tool_results(
+    run_id: uuid.UUID,
+    body: ToolResultsIn,
+    request: Request,
+    session: SessionDep,
+    db: DbDep,
+    runtime: RuntimeDep,
+) -> Response:
+    """Answer the client tools of a run in `requires_action` and resume it."""
+    run = await load_run(db, session.id, run_id)
+    mode = delivery_mode(request, stream=body.stream, background=body.background)
+    after_seq = run.last_event_seq
+    message_seq = await runtime.runs.submit_tool_results(db, session, run, body)
+    await db.commit()
+    runtime.runs.launch(run.id)
+    return await deliver(runtime, run, mode, after_seq=after_seq, messages_after=message_seq)

@@ -1,0 +1,393 @@
+"""Turn a view of stored messages into a `messages` array the Messages API accepts.
+
+History is append-only (invariant 1): an interrupted run leaves a tool_use without a
+result, a fork or a head move can end a view on an open tool call, a retried step can
+store a result twice, compaction and snips leave views that start mid-conversation. The
+stored rows keep all of that as it happened; this module is the one place that repairs
+it, on every request (invariant 4), so the API never answers 400 for a shape the
+service itself produced. What it does, in order:
+
+1. Internal rows are left out: no role, type "system" (compact boundaries and other
+   markers), subtype "api_error".
+2. Blocks the API rejects are dropped: empty or whitespace-only text, tool_result blocks
+   in assistant messages, tool_use blocks in user messages, tool_use ids seen before.
+   A stored `cache_control` key is removed (cache.py places its own). A tool_result
+   whose content is blank gets a short text, since the API refuses an empty error
+   result. Everything else is passed verbatim and *shared*, not copied: thinking blocks
+   keep their signatures byte for byte.
+3. Same-role neighbours are merged (the API would merge them anyway, and pairing is
+   defined on merged messages); in a user message tool_result blocks go first.
+4. Each tool_use is answered by exactly one tool_result in the next message: the first
+   result for an id is kept, duplicates and orphans (no tool_use of that id in the
+   previous assistant message) are dropped, and a missing one gets an error placeholder
+   (`MISSING_TOOL_RESULT`), appended after the stored results in tool_use order. A view
+   ending on an assistant message with tool uses gets a user message of placeholders.
+5. A user message left empty disappears and its neighbours merge.
+6. A view that starts with an assistant message gets `EARLIER_CONVERSATION_OMITTED`
+   as a user message in front. A final assistant message without tool uses (prefill)
+   is kept, with trailing whitespace stripped from its last text block (API rule).
+
+The output is a fresh list of fresh message dicts with fresh content lists; the block
+dicts inside are the stored ones unless changed, so treat them as read-only. The
+result is a fixed point: normalising it again changes nothing. One pass, linear in
+the number of blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.context.blocks import is_blank_text, is_internal
+from app.context.types import (
+    ASSISTANT,
+    CACHEABLE_BLOCK_TYPES,
+    EARLIER_CONVERSATION_OMITTED,
+    MISSING_TOOL_RESULT,
+    USER,
+    ApiMessage,
+    Block,
+    Node,
+)
+
+# The content given to a tool_result that was stored with no content at all.
+EMPTY_TOOL_RESULT = "[Tool returned no output]"
+
+MAX_CACHE_BREAKPOINTS = 4
+
+
+def missing_result(tool_use_id: str) -> Block:
+    """The error result that answers a tool_use with no stored result."""
+    return {
+        "type": "tool_result",
+        "tool_use_id": tool_use_id,
+        "is_error": True,
+        "content": MISSING_TOOL_RESULT,
+    }
+
+
+@dataclass(slots=True)
+class _Group:
+    """One API message being built: merged rows of the same role."""
+
+    role: str
+    results: list[Block] = field(default_factory=list)  # user: tool_result blocks
+    other: list[Block] = field(default_factory=list)  # every other block, in order
+    uses: list[str] = field(default_factory=list)  # assistant: tool_use ids, in order
+    uuids: list[str] = field(default_factory=list)
+
+
+def _without_cache_control(block: Block) -> Block:
+    return {k: v for k, v in block.items() if k != "cache_control"}
+
+
+def _blank_result_content(content: Any) -> bool:
+    if content is None:
+        return True
+    if isinstance(content, str):
+        return not content or content.isspace()
+    return isinstance(content, list) and not content
+
+
+def _clean_result(block: Block) -> Block:
+    """Drop blank nested text and nested cache_control; give blank content a text."""
+    content = block.get("content")
+    if isinstance(content, list):
+        kept: list[Any] = []
+        changed = False
+        for nested in content:
+            if not isinstance(nested, dict) or (
+                nested.get("type") == "text" and is_blank_text(nested)
+            ):
+                changed = True
+                continue
+            if "cache_control" in nested:
+                nested = _without_cache_control(nested)
+                changed = True
+            kept.append(nested)
+        if changed:
+            block = {**block, "content": kept}
+            content = kept
+    if _blank_result_content(content):
+        block = {**block, "content": EMPTY_TOOL_RESULT}
+    if "cache_control" in block:
+        block = _without_cache_control(block)
+    return block
+
+
+def _add_user_blocks(group: _Group, content: Sequence[Block]) -> None:
+    for block in content:
+        kind = block.get("type")
+        if kind == "tool_result":
+            if block.get("tool_use_id"):
+                group.results.append(_clean_result(block))
+            continue
+        if kind == "tool_use" or (kind == "text" and is_blank_text(block)):
+            continue
+        group.other.append(_without_cache_control(block) if "cache_control" in block else block)
+
+
+def _add_assistant_blocks(group: _Group, content: Sequence[Block], seen: set[str]) -> None:
+    for block in content:
+        kind = block.get("type")
+        if kind == "tool_use":
+            use_id = block.get("id")
+            if not use_id or use_id in seen:
+                continue
+            seen.add(use_id)
+            group.uses.append(use_id)
+        elif kind == "tool_result" or (kind == "text" and is_blank_text(block)):
+            continue
+        group.other.append(_without_cache_control(block) if "cache_control" in block else block)
+
+
+def _as_list(content: Any) -> Sequence[Block]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return content or ()
+
+
+def _merge_rows(nodes: Sequence[Node]) -> list[_Group]:
+    """Steps 1-3 without pairing: visible rows, cleaned, same-role runs merged."""
+    groups: list[_Group] = []
+    seen_uses: set[str] = set()
+    for node in nodes:
+        if is_internal(node):
+            continue
+        role = node.role
+        same = bool(groups) and groups[-1].role == role
+        group = groups[-1] if same else _Group(role=role or USER)
+        before = len(group.results) + len(group.other)
+        if role == ASSISTANT:
+            _add_assistant_blocks(group, _as_list(node.content), seen_uses)
+        else:
+            _add_user_blocks(group, _as_list(node.content))
+        if len(group.results) + len(group.other) > before:
+            group.uuids.append(node.uuid)
+            if not groups or groups[-1] is not group:
+                groups.append(group)
+    return groups
+
+
+def _answer(group: _Group, uses: list[str]) -> None:
+    """Keep the first result for each of `uses`, drop the rest, add placeholders."""
+    if not uses:
+        group.results = []
+        return
+    wanted = set(uses)
+    answered: set[str] = set()
+    kept: list[Block] = []
+    for block in group.results:
+        use_id = block["tool_use_id"]
+        if use_id in wanted and use_id not in answered:
+            answered.add(use_id)
+            kept.append(block)
+    if len(answered) < len(wanted):
+        kept.extend(missing_result(u) for u in uses if u not in answered)
+    group.results = kept
+
+
+def _pair(groups: list[_Group]) -> list[_Group]:
+    """Steps 4-5: answer every tool_use in the next message, drop emptied user messages
+    and merge the assistant messages that then touch."""
+    out: list[_Group] = []
+    for group in groups:
+        last = out[-1] if out else None
+        if group.role == ASSISTANT:
+            if last is not None and last.role == ASSISTANT:
+                last.other.extend(group.other)
+                last.uses.extend(group.uses)
+                last.uuids.extend(group.uuids)
+            else:
+                out.append(group)
+            continue
+        _answer(group, last.uses if last is not None else [])
+        if group.results or group.other:
+            out.append(group)
+    if out and out[-1].role == ASSISTANT and out[-1].uses:
+        out.append(_Group(role=USER, results=[missing_result(u) for u in out[-1].uses]))
+    return out
+
+
+def _strip_final_whitespace(group: _Group) -> None:
+    last = group.other[-1] if group.other else None
+    if last is not None and last.get("type") == "text":
+        text = last["text"]
+        stripped = text.rstrip()
+        if stripped != text:
+            group.other[-1] = {**last, "text": stripped}
+
+
+def normalize_with_uuids(nodes: Sequence[Node]) -> list[tuple[ApiMessage, list[str]]]:
+    """`normalize_for_api`, each message with the uuids of the stored rows it was built
+    from (empty for synthetic messages: the leading omission note, a placeholder-only
+    answer to an open tool call)."""
+    out = _pair(_merge_rows(nodes))
+    if not out:
+        return []
+    if out[-1].role == ASSISTANT:
+        _strip_final_whitespace(out[-1])
+    messages: list[tuple[ApiMessage, list[str]]] = []
+    if out[0].role == ASSISTANT:
+        lead: ApiMessage = {
+            "role": USER,
+            "content": [{"type": "text", "text": EARLIER_CONVERSATION_OMITTED}],
+        }
+        messages.append((lead, []))
+    for group in out:
+        content = group.results + group.other if group.results else group.other
+        messages.append(({"role": group.role, "content": content}, group.uuids))
+    return messages
+
+
+def normalize_for_api(nodes: Sequence[Node]) -> list[ApiMessage]:
+    """The `messages` array for a model request built from a view (see module doc).
+    An empty list when nothing in the view is visible to the model."""
+    return [message for message, _ in normalize_with_uuids(nodes)]
+
+
+# ---------------------------------------------------------------------------
+# Validation: the rules the API enforces, as a list of problems.
+
+
+def _text_problem(block: Block, where: str) -> str | None:
+    text = block.get("text")
+    if not isinstance(text, str) or not text:
+        return f"{where}: text content blocks must be non-empty"
+    if text.isspace():
+        return f"{where}: text content blocks must contain non-whitespace text"
+    return None
+
+
+def _result_problems(block: Block, where: str) -> list[str]:
+    problems: list[str] = []
+    content = block.get("content")
+    if _blank_result_content(content):
+        problems.append(f"{where}: tool_result content is empty")
+    if isinstance(content, list):
+        for k, nested in enumerate(content):
+            if isinstance(nested, dict) and nested.get("type") == "text":
+                problem = _text_problem(nested, f"{where}.content.{k}")
+                if problem:
+                    problems.append(problem)
+    return problems
+
+
+def _message_problems(
+    i: int, message: ApiMessage, previous_uses: set[str], seen_uses: set[str]
+) -> tuple[list[str], list[str], int]:
+    """Problems of one message, the tool_use ids it opens and its cache_control count."""
+    problems: list[str] = []
+    role = message.get("role")
+    content = message.get("content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}] if content else []
+    if not isinstance(content, list):
+        return [f"messages.{i}: content must be a string or a list of blocks"], [], 0
+    uses: list[str] = []
+    answered: set[str] = set()
+    results_done = False
+    cache_marks = 0
+    for j, block in enumerate(content):
+        where = f"messages.{i}.content.{j}"
+        kind = block.get("type")
+        if "cache_control" in block:
+            cache_marks += 1
+            if kind not in CACHEABLE_BLOCK_TYPES:
+                problems.append(f"{where}: {kind} blocks cannot carry cache_control")
+        if kind == "text":
+            problem = _text_problem(block, where)
+            if problem:
+                problems.append(problem)
+        if kind == "tool_result":
+            use_id = block.get("tool_use_id")
+            if role != USER:
+                problems.append(f"{where}: tool_result blocks belong in user messages")
+            elif results_done:
+                problems.append(f"{where}: tool_result blocks must come first")
+            elif use_id not in previous_uses:
+                problems.append(
+                    f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: {use_id}"
+                )
+            elif use_id in answered:
+                problems.append(f"{where}: duplicate tool_result for {use_id}")
+            answered.add(str(use_id))
+            problems.extend(_result_problems(block, where))
+        else:
+            results_done = True
+        if kind == "tool_use":
+            use_id = block.get("id")
+            if role != ASSISTANT:
+                problems.append(f"{where}: tool_use blocks belong in assistant messages")
+            elif not use_id or use_id in seen_uses:
+                problems.append(f"{where}: `tool_use` ids must be unique: {use_id}")
+            else:
+                seen_uses.add(use_id)
+                uses.append(use_id)
+    missing = previous_uses - answered
+    if missing:
+        problems.append(
+            f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks "
+            f"immediately after: {', '.join(sorted(missing))}"
+        )
+    return problems, uses, cache_marks
+
+
+def validate_api_messages(messages: Sequence[ApiMessage]) -> list[str]:
+    """Every rule of the Messages API that a history can break, checked on a `messages`
+    array: at least one message, first role user, roles alternating, non-empty content
+    (except a final assistant message), non-blank text, tool_result blocks first in user
+    messages and each answering a tool_use of the previous assistant message exactly
+    once, every tool_use answered in the next message unless it is the final one,
+    unique tool_use ids, no trailing whitespace at the end of a final assistant message,
+    at most 4 cache_control marks among the messages. An empty list means valid."""
+    if not messages:
+        return ["messages: at least one message is required"]
+    problems: list[str] = []
+    if messages[0].get("role") != USER:
+        problems.append('messages: first message must use the "user" role')
+    seen_uses: set[str] = set()
+    previous_uses: set[str] = set()
+    cache_marks = 0
+    last = len(messages) - 1
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in (USER, ASSISTANT):
+            problems.append(f"messages.{i}: role must be user or assistant")
+        elif i and messages[i - 1].get("role") == role:
+            problems.append(f"messages.{i}: roles must alternate")
+        content = message.get("content")
+        if not content and not (i == last and role == ASSISTANT):
+            problems.append(
+                f"messages.{i}: all messages must have non-empty content except for the "
+                "optional final assistant message"
+            )
+        found, uses, marks = _message_problems(
+            i, message, previous_uses if role == USER else set(), seen_uses
+        )
+        if role == ASSISTANT and previous_uses:
+            found.append(
+                f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(sorted(previous_uses))}"
+            )
+        problems.extend(found)
+        cache_marks += marks
+        previous_uses = set(uses)
+    if messages[last].get("role") == ASSISTANT:
+        content = messages[last].get("content")
+        tail = content[-1] if isinstance(content, list) and content else None
+        if isinstance(content, str):
+            tail = {"type": "text", "text": content}
+        if tail is not None and tail.get("type") == "text":
+            text = tail.get("text") or ""
+            if text != text.rstrip():
+                problems.append(
+                    f"messages.{last}: final assistant content cannot end with trailing whitespace"
+                )
+    if cache_marks > MAX_CACHE_BREAKPOINTS:
+        problems.append(
+            f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be "
+            f"provided. Found {cache_marks}."
+        )
+    return problems

@@ -1,0 +1,372 @@
+"""Pydantic models of the HTTP contract (API.md). Requests forbid unknown fields."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+T = TypeVar("T")
+
+BUILTIN_TOOL_NAMES = ("Read", "Write", "Edit", "Glob", "Grep")
+BuiltinToolName = Literal["Read", "Write", "Edit", "Glob", "Grep"]
+TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+USER_BLOCK_TYPES = {"text", "image", "document"}
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Page(BaseModel, Generic[T]):
+    data: list[T]
+    next_cursor: str | None = None
+
+
+# --- content -------------------------------------------------------------------------
+
+
+def check_user_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not blocks:
+        raise ValueError("content must not be empty")
+    for i, block in enumerate(blocks):
+        kind = block.get("type")
+        if kind not in USER_BLOCK_TYPES:
+            raise ValueError(f"content[{i}]: block type must be one of {sorted(USER_BLOCK_TYPES)}")
+        if kind == "text":
+            text = block.get("text")
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"content[{i}]: text blocks must contain non-whitespace text")
+        elif not isinstance(block.get("source"), dict):
+            raise ValueError(f"content[{i}]: {kind} blocks need a source object")
+    return blocks
+
+
+UserContent = Annotated[str, Field(min_length=1)] | list[dict[str, Any]]
+
+
+def check_user_content(value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError("content must contain non-whitespace text")
+        return value
+    return check_user_blocks(value)
+
+
+# --- sessions ------------------------------------------------------------------------
+
+
+class CompactionSettings(StrictModel):
+    """Per-session compaction settings; each field left out takes its documented default."""
+
+    auto: bool | None = Field(None, description="Auto-compaction near the limit (default true)")
+    threshold_tokens: int | None = Field(
+        None, ge=1000, description="Overrides the computed auto-compaction threshold"
+    )
+    context_window: int | None = Field(None, ge=2000, description="Overrides the model's window")
+    keep_recent_tool_results: int | None = Field(
+        None, ge=0, description="Micro-compaction keeps the newest N results (default 5)"
+    )
+    micro_batch_tokens: int | None = Field(
+        None, ge=0, description="A micro-compaction must free at least this many (default 20000)"
+    )
+    micro: bool | None = Field(None, description="Micro-compaction on (default true)")
+    collapse_at: float | None = Field(
+        None, gt=0, le=1, description="Share of the threshold at which collapses apply (0.9)"
+    )
+
+
+class EffectiveCompaction(BaseModel):
+    auto: bool
+    threshold_tokens: int | None
+    context_window: int | None
+    keep_recent_tool_results: int
+    micro_batch_tokens: int
+    micro: bool
+    collapse_at: float
+
+
+class ThinkingConfig(StrictModel):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=1024)
+
+    @model_validator(mode="after")
+    def _budget_when_enabled(self) -> ThinkingConfig:
+        if self.type == "enabled" and self.budget_tokens is None:
+            raise ValueError("thinking.budget_tokens is required when thinking is enabled")
+        return self
+
+
+class ToolDefinition(BaseModel):
+    """A client tool in the Anthropic shape; `compactable` is Parley's own key."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any]
+    compactable: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not TOOL_NAME.match(value):
+            raise ValueError("tool names match ^[a-zA-Z0-9_-]{1,64}$")
+        return value
+
+    @field_validator("input_schema")
+    @classmethod
+    def _schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if value.get("type") != "object":
+            raise ValueError('input_schema must be a JSON schema with "type": "object"')
+        return value
+
+
+SystemPrompt = str | list[dict[str, Any]]
+
+
+def check_system(value: SystemPrompt | None) -> SystemPrompt | None:
+    if isinstance(value, list):
+        for i, block in enumerate(value):
+            if block.get("type") != "text" or not isinstance(block.get("text"), str):
+                raise ValueError(f"system[{i}]: system blocks must be text blocks")
+    return value
+
+
+class SessionFields(StrictModel):
+    title: str | None = Field(None, max_length=500)
+    model: str | None = Field(None, min_length=1, max_length=200)
+    system: SystemPrompt | None = None
+    tools: list[ToolDefinition] | None = None
+    builtin_tools: list[BuiltinToolName] | None = None
+    max_tokens: int | None = Field(None, ge=1, le=128_000)
+    thinking: ThinkingConfig | None = None
+
+    @field_validator("system")
+    @classmethod
+    def _system(cls, value: SystemPrompt | None) -> SystemPrompt | None:
+        return check_system(value)
+
+    @field_validator("tools")
+    @classmethod
+    def _unique_tools(cls, value: list[ToolDefinition] | None) -> list[ToolDefinition] | None:
+        if value is not None:
+            names = [tool.name for tool in value]
+            if len(names) != len(set(names)):
+                raise ValueError("tool names must be unique")
+        return value
+
+
+class SessionCreate(SessionFields):
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    compaction: CompactionSettings = Field(default_factory=CompactionSettings)
+
+
+class SessionPatch(SessionFields):
+    """`metadata` and `compaction` are JSON Merge Patches (RFC 7396)."""
+
+    metadata: dict[str, Any] | None = None
+    compaction: dict[str, Any] | None = None
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+
+
+class ContextSummary(BaseModel):
+    estimated_tokens: int
+    context_window: int
+    auto_compact_threshold: int
+
+
+class SessionOut(BaseModel):
+    id: uuid.UUID
+    title: str | None
+    model: str
+    system: SystemPrompt | None
+    tools: list[dict[str, Any]]
+    builtin_tools: list[str]
+    max_tokens: int | None
+    thinking: dict[str, Any] | None
+    compaction: EffectiveCompaction
+    status: Literal["idle", "running", "requires_action"]
+    head_uuid: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+    metadata: dict[str, Any]
+    usage: Usage
+    context: ContextSummary
+
+
+# --- messages and the tree -------------------------------------------------------------
+
+
+class MessageOut(BaseModel):
+    uuid: uuid.UUID
+    parent_uuid: uuid.UUID | None
+    logical_parent_uuid: uuid.UUID | None
+    type: str
+    subtype: str | None
+    role: str | None
+    content: list[dict[str, Any]]
+    model: str | None
+    stop_reason: str | None
+    usage: dict[str, Any] | None
+    is_meta: bool
+    copied_from: uuid.UUID | None
+    created_at: datetime
+    metadata: dict[str, Any] | None = None
+
+
+class TreeNode(BaseModel):
+    uuid: uuid.UUID
+    parent_uuid: uuid.UUID | None
+    logical_parent_uuid: uuid.UUID | None
+    type: str
+    subtype: str | None
+    role: str | None
+    preview: str
+    created_at: datetime
+
+
+class HeadIn(StrictModel):
+    uuid: uuid.UUID
+
+
+class ForkIn(StrictModel):
+    at_uuid: uuid.UUID | None = None
+
+
+class SnipIn(StrictModel):
+    uuids: list[uuid.UUID] = Field(min_length=1, max_length=1000)
+
+
+class SnipOut(BaseModel):
+    snipped: list[uuid.UUID]
+
+
+# --- runs ------------------------------------------------------------------------------
+
+IfBusy = Literal["reject", "enqueue", "interrupt"]
+
+
+class DeliveryMode(StrictModel):
+    stream: bool = False
+    background: bool = False
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> DeliveryMode:
+        if self.stream and self.background:
+            raise ValueError("stream and background cannot both be true")
+        return self
+
+
+class TurnIn(DeliveryMode):
+    content: UserContent
+    parent_uuid: uuid.UUID | None = None
+    if_busy: IfBusy = "reject"
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        return check_user_content(value)
+
+
+class ToolResultIn(StrictModel):
+    tool_use_id: str = Field(min_length=1)
+    content: str | list[dict[str, Any]] = ""
+    is_error: bool = False
+
+
+class ToolResultsIn(DeliveryMode):
+    results: list[ToolResultIn] = Field(min_length=1)
+
+
+class CompactIn(StrictModel):
+    instructions: str | None = Field(None, max_length=20_000)
+    background: bool = False
+
+
+class RunError(BaseModel):
+    type: str
+    message: str
+    request_id: str | None = None
+
+
+class ToolUseRequest(BaseModel):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class RequiredAction(BaseModel):
+    type: Literal["tool_results"] = "tool_results"
+    tool_uses: list[ToolUseRequest]
+
+
+class RunOut(BaseModel):
+    id: uuid.UUID
+    session_id: uuid.UUID
+    kind: Literal["turn", "compact"]
+    status: Literal["queued", "running", "requires_action", "completed", "failed", "cancelled"]
+    user_message_uuid: uuid.UUID | None
+    required_action: RequiredAction | None
+    usage: Usage
+    error: RunError | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class TurnResult(BaseModel):
+    run: RunOut
+    messages: list[MessageOut]
+
+
+class CompactResult(BaseModel):
+    run: RunOut
+    boundary_uuid: uuid.UUID | None
+    summary_uuid: uuid.UUID | None
+    summary: str | None
+    pre_tokens: int
+    post_tokens: int
+    tokens_saved: int
+    messages_compacted: int
+
+
+# --- context and files -----------------------------------------------------------------
+
+
+class ContextBreakdown(BaseModel):
+    system: int
+    tools: int
+    messages: int
+    tool_results: int
+
+
+class ContextOut(BaseModel):
+    estimated_tokens: int
+    context_window: int
+    max_output_tokens: int
+    auto_compact_threshold: int
+    warning_threshold: int
+    percent_used: float
+    breakdown: ContextBreakdown
+    last_compaction: dict[str, Any] | None
+
+
+class FileOut(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    updated_at: datetime
+
+
+class Health(BaseModel):
+    status: str
+    detail: str | None = None

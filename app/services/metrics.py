@@ -1,0 +1,58 @@
+"""Prometheus metrics, defined once per process (module import), served at /metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+http_requests = Counter(
+    "parley_http_requests_total",
+    "HTTP requests answered",
+    ["method", "route", "status"],
+    registry=REGISTRY,
+)
+http_latency = Histogram(
+    "parley_http_request_duration_seconds",
+    "Time to answer an HTTP request (streams: until the stream closes)",
+    ["method", "route"],
+    registry=REGISTRY,
+)
+runs_total = Counter(
+    "parley_runs_total",
+    "Runs that ended, by kind and status",
+    ["kind", "status"],
+    registry=REGISTRY,
+)
+runs_active = Gauge("parley_runs_active", "Runs executing in this process", registry=REGISTRY)
+model_calls = Counter(
+    "parley_model_calls_total", "Model API calls, by outcome", ["outcome"], registry=REGISTRY
+)
+model_tokens = Counter(
+    "parley_model_tokens_total",
+    "Tokens reported by the model API",
+    ["kind"],
+    registry=REGISTRY,
+)
+tool_calls = Counter(
+    "parley_tool_calls_total", "Tool calls executed", ["tool", "is_error"], registry=REGISTRY
+)
+compactions = Counter(
+    "parley_compactions_total",
+    "Compactions, by trigger and outcome",
+    ["trigger", "outcome"],
+    registry=REGISTRY,
+)
+sse_streams = Gauge("parley_sse_streams_open", "SSE streams open", registry=REGISTRY)
+
+__all__ = ["CONTENT_TYPE", "REGISTRY", "render"]
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    http_requests.labels(method, route, str(status)).inc()
+    http_latency.labels(method, route).observe(seconds)
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)

@@ -1,0 +1,69 @@
+"""The exact body of a Messages API request, built from a session and its view."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.context.cache import add_cache_breakpoints
+from app.context.normalize import normalize_for_api
+from app.context.types import Node
+from app.models import AgentSession
+from app.services.sessions import default_max_tokens
+from app.services.tools.builtin import BUILTIN_TOOLS
+
+PARLEY_TOOL_KEYS = ("compactable",)
+
+
+def tool_definitions(session: AgentSession) -> list[dict[str, Any]]:
+    """Built-in tools first, then the client's, without Parley's own keys."""
+    tools = [BUILTIN_TOOLS[name].to_api() for name in session.builtin_tools or []]
+    for tool in session.tools or []:
+        tools.append({k: v for k, v in tool.items() if k not in PARLEY_TOOL_KEYS})
+    return tools
+
+
+def client_tool_names(session: AgentSession) -> set[str]:
+    return {tool["name"] for tool in session.tools or []}
+
+
+def system_blocks(system: Any) -> list[dict[str, Any]] | None:
+    if not system:
+        return None
+    if isinstance(system, str):
+        return [{"type": "text", "text": system}]
+    return [dict(block) for block in system]
+
+
+def max_tokens_of(session: AgentSession) -> int:
+    return session.max_tokens or default_max_tokens(session.model)
+
+
+def build_body(
+    session: AgentSession,
+    nodes: list[Node],
+    *,
+    model: str | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    system: Any = None,
+    thinking: bool = True,
+) -> dict[str, Any]:
+    """Normalise the view (invariant 4) and place cache breakpoints so the prefix of a
+    growing conversation is read from the prompt cache turn after turn."""
+    messages = normalize_for_api(nodes)
+    system_out, tools_out, messages = add_cache_breakpoints(
+        system_blocks(session.system if system is None else system),
+        tool_definitions(session) if tools is None else tools,
+        messages,
+    )
+    body: dict[str, Any] = {
+        "model": model or session.model,
+        "max_tokens": max_tokens_of(session),
+        "messages": messages,
+    }
+    if system_out:
+        body["system"] = system_out
+    if tools_out:
+        body["tools"] = tools_out
+    if thinking and session.thinking and session.thinking.get("type") == "enabled":
+        body["thinking"] = {"type": "enabled", "budget_tokens": session.thinking["budget_tokens"]}
+    return body

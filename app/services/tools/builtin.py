@@ -1,0 +1,583 @@
+"""The built-in workspace tools, Read, Write, Edit, Glob and Grep, with Claude Code's inputs.
+
+Pure: they act only through the `Workspace` protocol. `run_builtin` turns every problem
+the model can fix (bad input, a missing file, an ambiguous edit, a bad regex) into an
+error outcome worded so the model can act on it; failures of the workspace itself (a
+database error) are not the model's to fix and propagate to the caller.
+
+Text files are UTF-8. Lines are split on `\\n` only (a trailing `\\r` is hidden from
+output), so Read's line numbers and Grep's always agree.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app.services.tools.workspace import PathError, Workspace, normalize_dir, normalize_path
+
+READ_DEFAULT_LIMIT = 2000
+MAX_LINE_CHARS = 2000
+# `{a,b}{c,d}...` doubles per group; past this many alternatives a pattern is refused.
+MAX_GLOB_ALTERNATIVES = 256
+TRUNCATION_MARKER = "\n\n[... {} characters truncated ...]\n\n"
+
+READ_ONLY_TOOLS = frozenset({"Read", "Glob", "Grep"})
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]  # JSON schema of the input object, as the Anthropic API takes
+    read_only: bool
+
+    def to_api(self) -> dict[str, Any]:
+        """The tool definition for a model request."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+        }
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    content: str
+    is_error: bool = False
+
+
+class ToolError(Exception):
+    """A problem the model can fix; its message becomes an error result."""
+
+
+def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
+
+
+_FILE_PATH = {
+    "type": "string",
+    "description": "Path of the file, relative to the workspace root ('/' also means the root).",
+}
+
+BUILTIN_TOOLS: dict[str, ToolSpec] = {
+    spec.name: spec
+    for spec in (
+        ToolSpec(
+            name="Read",
+            description=(
+                "Reads a text file from the session workspace. By default it returns up to "
+                f"{READ_DEFAULT_LIMIT} lines from the start of the file; for longer files "
+                "pass offset (the 1-based line number to start at) and limit (how many "
+                "lines). Output is in `cat -n` format: each line is prefixed with its line "
+                "number and a tab. The prefix is not part of the file, so leave it out when "
+                f"you copy text into Edit. Lines longer than {MAX_LINE_CHARS} characters "
+                "are truncated. Binary files cannot be displayed."
+            ),
+            input_schema=_schema(
+                {
+                    "file_path": _FILE_PATH,
+                    "offset": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "1-based line number to start reading at (0 reads "
+                        "from the start too). Only needed for files too long to read at once.",
+                    },
+                    "limit": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "description": f"Number of lines to read (default {READ_DEFAULT_LIMIT}).",
+                    },
+                },
+                ["file_path"],
+            ),
+            read_only=True,
+        ),
+        ToolSpec(
+            name="Write",
+            description=(
+                "Writes a file in the session workspace, creating it or replacing its whole "
+                "content. Directories are implicit: writing 'src/app/main.py' needs no "
+                "setup. To change part of an existing file, prefer Edit."
+            ),
+            input_schema=_schema(
+                {
+                    "file_path": _FILE_PATH,
+                    "content": {"type": "string", "description": "The complete new content."},
+                },
+                ["file_path", "content"],
+            ),
+            read_only=False,
+        ),
+        ToolSpec(
+            name="Edit",
+            description=(
+                "Replaces text in an existing workspace file. old_string must match the "
+                "file exactly, including whitespace and indentation (copy it from Read "
+                "output without the line-number prefix). It must occur exactly once unless "
+                "replace_all is true; if it is not unique, include more surrounding lines. "
+                "new_string must differ from old_string. The file must exist: create files "
+                "with Write."
+            ),
+            input_schema=_schema(
+                {
+                    "file_path": _FILE_PATH,
+                    "old_string": {"type": "string", "description": "The exact text to replace."},
+                    "new_string": {"type": "string", "description": "The text to put instead."},
+                    "replace_all": {
+                        "type": "boolean",
+                        "description": "Replace every occurrence of old_string (default false).",
+                    },
+                },
+                ["file_path", "old_string", "new_string"],
+            ),
+            read_only=False,
+        ),
+        ToolSpec(
+            name="Glob",
+            description=(
+                "Finds workspace files whose paths match a glob pattern, such as '**/*.py' "
+                "or 'src/*.{ts,tsx}'. '*' matches within one path segment, '**' any number "
+                "of segments (none included), '?' one character, '[abc]' one of a set, "
+                "'{a,b}' either alternative. The pattern is matched against paths relative "
+                "to `path` (a directory; default the workspace root), so '*.py' matches "
+                "only files directly in it. Returns full workspace paths, sorted, one a line."
+            ),
+            input_schema=_schema(
+                {
+                    "pattern": {"type": "string", "description": "The glob pattern."},
+                    "path": {
+                        "type": "string",
+                        "description": "Directory to search in (default the workspace root).",
+                    },
+                },
+                ["pattern"],
+            ),
+            read_only=True,
+        ),
+        ToolSpec(
+            name="Grep",
+            description=(
+                "Searches the content of workspace files with a regular expression (Python "
+                "`re` syntax), line by line. output_mode 'files_with_matches' (the default) "
+                "lists the matching files; 'content' shows matching lines as "
+                "path:line_number:line; 'count' shows path:number_of_matching_lines. Narrow "
+                "the search with path (a file or directory) and glob (e.g. '*.py'; a glob "
+                "without '/' matches file names at any depth). Set -i for a case-insensitive "
+                "search. Binary files are skipped."
+            ),
+            input_schema=_schema(
+                {
+                    "pattern": {"type": "string", "description": "The regular expression."},
+                    "path": {
+                        "type": "string",
+                        "description": "File or directory to search (default the workspace root).",
+                    },
+                    "glob": {
+                        "type": "string",
+                        "description": "Only search files matching this glob, e.g. '*.{ts,tsx}'.",
+                    },
+                    "output_mode": {
+                        "type": "string",
+                        "enum": ["content", "files_with_matches", "count"],
+                        "description": "What to show (default 'files_with_matches').",
+                    },
+                    "-i": {"type": "boolean", "description": "Ignore case (default false)."},
+                },
+                ["pattern"],
+            ),
+            read_only=True,
+        ),
+    )
+}
+
+
+# ---------------------------------------------------------------------------------------
+# Input validation: the few JSON-schema keywords the schemas above use.
+
+_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "boolean": bool}
+
+
+def _json_type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    for name, kind in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
+        if isinstance(value, kind):
+            return name
+    return "array" if isinstance(value, list) else "object"
+
+
+def _article(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
+def _value_problem(name: str, value: object, schema: dict[str, Any]) -> str | None:
+    kind = schema["type"]
+    # bool is an int in Python, but `true` is no valid offset.
+    if not isinstance(value, _JSON_TYPES[kind]) or (kind == "integer" and isinstance(value, bool)):
+        return f"'{name}' must be {_article(kind)}, not {_article(_json_type_name(value))}"
+    if "enum" in schema and value not in schema["enum"]:
+        choices = ", ".join(repr(choice) for choice in schema["enum"])
+        return f"'{name}' must be one of {choices}, not {value!r}"
+    if "minimum" in schema and isinstance(value, int) and value < schema["minimum"]:
+        return f"'{name}' must be at least {schema['minimum']}, not {value}"
+    return None
+
+
+def _validate(spec: ToolSpec, tool_input: object) -> tuple[dict[str, Any], str | None]:
+    """The input without null members (models send `null` for "not given"), or a problem."""
+    if not isinstance(tool_input, dict):
+        return {}, f"the input must be a JSON object, not {_article(_json_type_name(tool_input))}"
+    properties: dict[str, Any] = spec.input_schema["properties"]
+    args = {key: value for key, value in tool_input.items() if value is not None}
+    unknown = sorted(str(key) for key in args if key not in properties)
+    if unknown:
+        return {}, f"unknown parameter(s) {unknown}; {spec.name} takes {sorted(properties)}"
+    for name in spec.input_schema["required"]:
+        if name not in args:
+            return {}, f"the required parameter '{name}' is missing"
+    for name, value in args.items():
+        problem = _value_problem(name, value, properties[name])
+        if problem:
+            return {}, problem
+    return args, None
+
+
+# ---------------------------------------------------------------------------------------
+# Text helpers.
+
+
+def _decode(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _encode(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ToolError(f"{what} contains lone surrogate characters, which are not text") from None
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines[-1] == "":  # a final newline ends the last line; it does not start a new one
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _clip(line: str) -> str:
+    if len(line) <= MAX_LINE_CHARS:
+        return line
+    dropped = len(line) - MAX_LINE_CHARS
+    return f"{line[:MAX_LINE_CHARS]} [... line truncated, {dropped} more characters]"
+
+
+async def _missing(workspace: Workspace, path: str) -> ToolError:
+    if any(p.startswith(path + "/") for p in await workspace.list_paths()):
+        return ToolError(f"{path} is a directory, not a file; use Glob to list its files")
+    return ToolError(f"File not found: {path}. Use Glob to see which files exist.")
+
+
+async def _read_text(workspace: Workspace, path: str, action: str) -> str:
+    data = await workspace.read(path)
+    if data is None:
+        raise await _missing(workspace, path)
+    text = _decode(data)
+    if text is None:
+        raise ToolError(
+            f"{path} is a binary file ({len(data)} bytes, not UTF-8 text); "
+            f"{action} cannot display or change binary content"
+        )
+    return text
+
+
+# ---------------------------------------------------------------------------------------
+# Globs, translated to regular expressions (fnmatch knows no `**` and lets `*` cross `/`).
+
+
+def _expand_braces(pattern: str) -> list[str]:
+    """`a{b,c}d` -> `abd`, `acd`; nested groups expand too; an unclosed `{` is literal."""
+    depth, start = 0, 0
+    commas: list[int] = []
+    for i, char in enumerate(pattern):
+        if char == "{":
+            if depth == 0:
+                start, commas = i, []
+            depth += 1
+        elif char == "," and depth == 1:
+            commas.append(i)
+        elif char == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                bounds = [start, *commas, i]
+                head, tail = pattern[:start], pattern[i + 1 :]
+                expanded: list[str] = []
+                for lo, hi in itertools.pairwise(bounds):
+                    expanded += _expand_braces(head + pattern[lo + 1 : hi] + tail)
+                    if len(expanded) > MAX_GLOB_ALTERNATIVES:
+                        raise ToolError(f"glob {pattern!r} has too many {{...}} alternatives")
+                return expanded
+    return [pattern]
+
+
+def _class_regex(segment: str, i: int) -> tuple[str, int] | None:
+    """The `[...]` class starting at `segment[i]` and the index of its `]`, if closed."""
+    j = i + 1
+    negate = j < len(segment) and segment[j] in "!^"
+    j += negate
+    end = segment.find("]", j + 1 if j < len(segment) and segment[j] == "]" else j)
+    if end < 0:
+        return None
+    body = "".join(c if c == "-" else re.escape(c) for c in segment[j:end])
+    return f"[{'^/' if negate else ''}{body}]", end
+
+
+def _segment_regex(segment: str) -> str:
+    parts: list[str] = []
+    i = 0
+    while i < len(segment):
+        char = segment[i]
+        if char == "*":
+            while i + 1 < len(segment) and segment[i + 1] == "*":
+                i += 1
+            parts.append("[^/]*")
+        elif char == "?":
+            parts.append("[^/]")
+        elif char == "[" and (found := _class_regex(segment, i)):
+            parts.append(found[0])
+            i = found[1]
+        else:
+            parts.append(re.escape(char))
+        i += 1
+    return "".join(parts)
+
+
+def _glob_regex(pattern: str) -> str:
+    segments = [s for s in pattern.split("/") if s not in ("", ".")]
+    if ".." in segments:
+        raise ToolError(f"glob {pattern!r} contains '..'; choose the directory with path instead")
+    if not segments:
+        raise ToolError(f"glob {pattern!r} matches no file name")
+    parts: list[str] = []
+    for i, segment in enumerate(segments):
+        last = i == len(segments) - 1
+        if segment == "**":
+            parts.append(".*" if last else "(?:[^/]+/)*")
+        else:
+            parts.append(_segment_regex(segment) + ("" if last else "/"))
+    return "".join(parts)
+
+
+def compile_glob(pattern: str) -> re.Pattern[str]:
+    """A regex that `fullmatch`es the relative paths the glob names; raises ToolError."""
+    alternatives = "|".join(f"(?:{_glob_regex(p)})" for p in _expand_braces(pattern))
+    try:
+        return re.compile(alternatives)
+    except re.error as exc:
+        raise ToolError(f"invalid glob {pattern!r}: {exc}") from None
+
+
+def _under(paths: list[str], directory: str) -> list[tuple[str, str]]:
+    """(path, path relative to directory) for files under it; raises if there are none."""
+    if not directory:
+        return [(p, p) for p in paths]
+    prefix = directory + "/"
+    found = [(p, p[len(prefix) :]) for p in paths if p.startswith(prefix)]
+    if not found:
+        if directory in paths:
+            raise ToolError(f"{directory} is a file, not a directory")
+        raise ToolError(f"Directory not found: {directory}")
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# The tools. Each takes validated input and returns its text, or raises ToolError.
+
+
+async def _read(args: dict[str, Any], workspace: Workspace) -> str:
+    path = normalize_path(args["file_path"])
+    lines = _lines(await _read_text(workspace, path, "Read"))
+    if not lines:
+        return f"(The file {path} exists but is empty.)"
+    offset = max(args.get("offset", 1), 1)
+    if offset > len(lines):
+        count = f"{len(lines)} line{'s' if len(lines) > 1 else ''}"
+        raise ToolError(f"{path} has {count}; offset {offset} is past its end")
+    end = min(offset - 1 + args.get("limit", READ_DEFAULT_LIMIT), len(lines))
+    numbered = (f"{n:>6}\t{_clip(line)}" for n, line in enumerate(lines[offset - 1 : end], offset))
+    out = "\n".join(numbered)
+    if end < len(lines):
+        out += f"\n\n(Showing lines {offset}-{end} of {len(lines)}; use offset={end + 1} for more.)"
+    return out
+
+
+async def _check_writable(workspace: Workspace, path: str) -> bool:
+    """Whether the file exists; raises when the path clashes with a directory or file."""
+    paths = set(await workspace.list_paths())
+    if path in paths:
+        return True
+    if any(p.startswith(path + "/") for p in paths):
+        raise ToolError(f"{path} is a directory (files lie under it); choose another file name")
+    segments = path.split("/")
+    for depth in range(1, len(segments)):
+        ancestor = "/".join(segments[:depth])
+        if ancestor in paths:
+            raise ToolError(f"{ancestor} is a file, so {path} cannot be created under it")
+    return False
+
+
+async def _write(args: dict[str, Any], workspace: Workspace) -> str:
+    path = normalize_path(args["file_path"])
+    data = _encode(args["content"], "content")
+    existed = await _check_writable(workspace, path)
+    await workspace.write(path, data)
+    return f"{'Updated' if existed else 'Created'} {path} ({len(data)} bytes)."
+
+
+def _match_line_endings(text: str, old: str, new: str) -> tuple[str, str]:
+    """Read hides `\\r`, so a multi-line old_string from a CRLF file arrives with `\\n`."""
+    if old in text or "\r\n" not in text or "\n" not in old:
+        return old, new
+    crlf = old.replace("\r\n", "\n").replace("\n", "\r\n")
+    if crlf not in text:
+        return old, new
+    return crlf, new.replace("\r\n", "\n").replace("\n", "\r\n")
+
+
+async def _edit(args: dict[str, Any], workspace: Workspace) -> str:
+    path = normalize_path(args["file_path"])
+    old, new = args["old_string"], args["new_string"]
+    if not old:
+        raise ToolError("old_string is empty; to create or replace a whole file use Write")
+    if old == new:
+        raise ToolError("old_string and new_string are identical, so nothing would change")
+    text = await _read_text(workspace, path, "Edit")
+    old, new = _match_line_endings(text, old, new)
+    count = text.count(old)
+    if count == 0:
+        raise ToolError(
+            f"old_string was not found in {path}. It must match the file exactly, including "
+            "whitespace and indentation; Read the file and copy the text without the "
+            "line-number prefix."
+        )
+    if count > 1 and not args.get("replace_all", False):
+        raise ToolError(
+            f"old_string occurs {count} times in {path}; include more surrounding lines to "
+            "make it unique, or set replace_all to true to replace every occurrence."
+        )
+    line = text.count("\n", 0, text.find(old)) + 1
+    await workspace.write(path, _encode(text.replace(old, new), "new_string"))
+    if count == 1:
+        return f"Edited {path}: 1 replacement at line {line}."
+    return f"Edited {path}: {count} replacements (the first at line {line})."
+
+
+async def _glob(args: dict[str, Any], workspace: Workspace) -> str:
+    pattern: str = args["pattern"]
+    # A leading '/' anchors the pattern at the root, as it does for paths.
+    directory = "" if pattern.startswith("/") else normalize_dir(args.get("path", ""))
+    matcher = compile_glob(pattern)
+    files = _under(await workspace.list_paths(), directory)
+    hits = sorted(path for path, rel in files if matcher.fullmatch(rel))
+    if not hits:
+        return f"No files found matching {pattern!r}" + (f" in {directory}" if directory else "")
+    return "\n".join(hits)
+
+
+async def _grep_files(args: dict[str, Any], workspace: Workspace) -> list[str]:
+    target = normalize_dir(args.get("path", ""))
+    paths = await workspace.list_paths()
+    if target in paths:
+        return [target]
+    files = _under(paths, target)
+    glob: str | None = args.get("glob")
+    if glob is None:
+        return [path for path, _ in files]
+    matcher = compile_glob(glob)
+    if "/" in glob:
+        return [path for path, rel in files if matcher.fullmatch(rel)]
+    return [path for path, rel in files if matcher.fullmatch(rel.rsplit("/", 1)[-1])]
+
+
+def _compile_regex(pattern: str, ignore_case: bool) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
+    except (re.error, OverflowError, RecursionError) as exc:
+        raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
+
+
+async def _grep(args: dict[str, Any], workspace: Workspace) -> str:
+    regex = _compile_regex(args["pattern"], args.get("-i", False))
+    mode = args.get("output_mode", "files_with_matches")
+    out: list[str] = []
+    for path in await _grep_files(args, workspace):
+        data = await workspace.read(path)
+        text = None if data is None else _decode(data)
+        if text is None:  # binary, or gone since it was listed
+            continue
+        matches = [(n, line) for n, line in enumerate(_lines(text), 1) if regex.search(line)]
+        if not matches:
+            continue
+        if mode == "content":
+            out += (f"{path}:{n}:{_clip(line)}" for n, line in matches)
+        elif mode == "count":
+            out.append(f"{path}:{len(matches)}")
+        else:
+            out.append(path)
+    return "\n".join(out) if out else "No matches found."
+
+
+_Handler = Callable[[dict[str, Any], Workspace], Awaitable[str]]
+_HANDLERS: dict[str, _Handler] = {
+    "Read": _read,
+    "Write": _write,
+    "Edit": _edit,
+    "Glob": _glob,
+    "Grep": _grep,
+}
+
+
+async def run_builtin(name: str, tool_input: dict[str, Any], workspace: Workspace) -> ToolOutcome:
+    """Run a built-in tool. Never raises for the model's mistakes: those come back as
+    `is_error=True` outcomes. Errors of the workspace itself propagate."""
+    spec = BUILTIN_TOOLS.get(name)
+    if spec is None:
+        available = ", ".join(sorted(BUILTIN_TOOLS))
+        return ToolOutcome(f"Unknown built-in tool {name!r}; available: {available}", True)
+    args, problem = _validate(spec, tool_input)
+    if problem:
+        return ToolOutcome(f"Invalid input for {name}: {problem}", is_error=True)
+    try:
+        return ToolOutcome(await _HANDLERS[name](args, workspace))
+    except (ToolError, PathError) as exc:
+        return ToolOutcome(str(exc), is_error=True)
+
+
+def truncate_middle(text: str, max_chars: int = 50_000) -> str:
+    """Shorten `text` longer than `max_chars` around a marker naming what was dropped.
+
+    Text of at most `max_chars` characters comes back unchanged. Longer text keeps its
+    first `max_chars * 7 // 10` characters and its last `max_chars - that` characters,
+    with `TRUNCATION_MARKER` (formatted with the number dropped) between them, so the
+    result is exactly `max_chars + len(marker)` characters long.
+    """
+    if max_chars < 0:
+        raise ValueError("max_chars must not be negative")
+    if len(text) <= max_chars:
+        return text
+    head = max_chars * 7 // 10
+    tail = max_chars - head
+    marker = TRUNCATION_MARKER.format(len(text) - max_chars)
+    # Slice the tail by index: text[-0:] would be the whole text.
+    return text[:head] + marker + text[len(text) - tail :]

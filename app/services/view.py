@@ -1,0 +1,108 @@
+"""The model's view of a session as persisted: the chain from the head up to the nearest
+compact boundary, with snips, the micro-compaction watermark and applied collapses
+projected over it (history itself unchanged)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.context.collapse import apply_collapses
+from app.context.micro import COMPACTABLE_BUILTINS, apply_micro
+from app.context.types import COMPACT_BOUNDARY, Node
+from app.models import AgentSession, Collapse, MicroWatermark
+from app.services.store import chain_rows, snipped_uuids, to_node
+
+
+def compactable_tools(session: AgentSession) -> frozenset[str]:
+    client = {tool["name"] for tool in session.tools or [] if tool.get("compactable")}
+    return COMPACTABLE_BUILTINS | frozenset(client)
+
+
+@dataclass
+class ChainView:
+    """The stored rows of the model's view (boundary excluded) and their projection."""
+
+    rows: list[Any]
+    nodes: list[Node]  # the chain as Nodes, before projection
+    watermark: int | None  # index in `nodes` of the deepest micro watermark on the chain
+    snipped: set[str] = field(default_factory=set)
+    collapses: list[Collapse] = field(default_factory=list)  # those on this chain
+    projected: list[Node] = field(default_factory=list)
+
+
+def span_indices(nodes: list[Node], collapses: list[Collapse]) -> list[tuple[int, int, Collapse]]:
+    index = {node.uuid: i for i, node in enumerate(nodes)}
+    spans = []
+    for span in collapses:
+        start, end = index.get(str(span.start_uuid)), index.get(str(span.end_uuid))
+        if start is not None and end is not None and start <= end:
+            spans.append((start, end, span))
+    spans.sort(key=lambda item: item[0])
+    # Overlapping spans cannot both apply; keep the earlier-starting one.
+    kept: list[tuple[int, int, Collapse]] = []
+    for item in spans:
+        if not kept or item[0] > kept[-1][1]:
+            kept.append(item)
+    return kept
+
+
+def project(
+    nodes: list[Node],
+    *,
+    snipped: set[str],
+    watermark: int | None,
+    compactable: frozenset[str],
+    collapses: list[tuple[int, int, Collapse]],
+) -> list[Node]:
+    """snip -> micro -> collapse, each a projection over the same chain."""
+    projected = apply_micro(nodes, watermark, compactable)
+    applied = [
+        (start, end, span.summary, str(span.id))
+        for start, end, span in collapses
+        if span.applied_at is not None
+    ]
+    if applied:
+        projected = apply_collapses(projected, applied)
+    if snipped:
+        projected = [node for node in projected if node.uuid not in snipped]
+    return projected
+
+
+async def load_view(
+    db: AsyncSession, session: AgentSession, head: uuid.UUID | None = None
+) -> ChainView:
+    rows = [
+        row
+        for row in await chain_rows(db, head or session.head_uuid, full=False)
+        if row.subtype != COMPACT_BOUNDARY
+    ]
+    nodes = [to_node(row) for row in rows]
+    index = {node.uuid: i for i, node in enumerate(nodes)}
+    marks = await db.scalars(
+        select(MicroWatermark.anchor_uuid).where(MicroWatermark.session_id == session.id)
+    )
+    positions = [index[str(anchor)] for anchor in marks if str(anchor) in index]
+    watermark = max(positions) if positions else None
+    snipped = await snipped_uuids(db, session.id)
+    collapses = list(await db.scalars(select(Collapse).where(Collapse.session_id == session.id)))
+    spans = span_indices(nodes, collapses)
+    view = ChainView(
+        rows=rows,
+        nodes=nodes,
+        watermark=watermark,
+        snipped=snipped & set(index),
+        collapses=[span for _, _, span in spans],
+    )
+    view.projected = project(
+        nodes,
+        snipped=view.snipped,
+        watermark=watermark,
+        compactable=compactable_tools(session),
+        collapses=spans,
+    )
+    return view

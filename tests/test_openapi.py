@@ -1,0 +1,58 @@
+"""openapi/openapi.json is generated from the app (`make openapi`); this fails on drift."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.config import Settings
+from app.main import create_app
+
+SPEC = Path(__file__).resolve().parents[1] / "openapi" / "openapi.json"
+
+
+def test_openapi_file_matches_the_app() -> None:
+    spec = create_app(Settings(model_provider="offline", database_url="sqlite://")).openapi()
+    committed = json.loads(SPEC.read_text())
+    assert committed == json.loads(json.dumps(spec)), (
+        "openapi/openapi.json is stale: run `make openapi` and commit the result"
+    )
+
+
+def test_contract_routes_are_documented() -> None:
+    paths = json.loads(SPEC.read_text())["paths"]
+    expected = {
+        ("post", "/sessions"),
+        ("get", "/sessions"),
+        ("get", "/sessions/{session_id}"),
+        ("patch", "/sessions/{session_id}"),
+        ("delete", "/sessions/{session_id}"),
+        ("post", "/sessions/{session_id}/messages"),
+        ("get", "/sessions/{session_id}/messages"),
+        ("get", "/sessions/{session_id}/messages/{message_uuid}"),
+        ("get", "/sessions/{session_id}/tree"),
+        ("put", "/sessions/{session_id}/head"),
+        ("post", "/sessions/{session_id}/messages/{message_uuid}/regenerate"),
+        ("post", "/sessions/{session_id}/fork"),
+        ("post", "/sessions/{session_id}/snip"),
+        ("post", "/sessions/{session_id}/clear"),
+        ("get", "/sessions/{session_id}/runs"),
+        ("get", "/sessions/{session_id}/runs/{run_id}"),
+        ("get", "/sessions/{session_id}/runs/{run_id}/events"),
+        ("post", "/sessions/{session_id}/runs/{run_id}/cancel"),
+        ("post", "/sessions/{session_id}/runs/{run_id}/tool_results"),
+        ("get", "/sessions/{session_id}/context"),
+        ("get", "/sessions/{session_id}/context/request"),
+        ("post", "/sessions/{session_id}/compact"),
+        ("put", "/sessions/{session_id}/files/{path}"),
+        ("get", "/sessions/{session_id}/files"),
+        ("get", "/sessions/{session_id}/files/{path}"),
+        ("delete", "/sessions/{session_id}/files/{path}"),
+        ("get", "/sessions/{session_id}/transcript"),
+        ("post", "/sessions/import"),
+        ("get", "/healthz"),
+        ("get", "/readyz"),
+        ("get", "/metrics"),
+    }
+    documented = {(method, path) for path, ops in paths.items() for method in ops}
+    assert expected <= documented, sorted(expected - documented)
