@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("ANTHROPIC_BASE_URL", "PARLEY_ANTHROPIC_BASE_URL"),
     )
-    model: str = "claude-sonnet-4-5"
+    model: str = "claude-sonnet-5-5"
     model_provider: Literal["anthropic", "offline"] | None = None
     model_timeout_seconds: float = Field(default=600.0, gt=0)
     max_retries: int = Field(default=4, ge=0, le=10)

@@ -90,13 +90,18 @@ class EffectiveCompaction(BaseModel):
 
 
 class ThinkingConfig(StrictModel):
-    type: Literal["enabled", "disabled"]
+    """`enabled` with a budget (extended thinking), `adaptive` (the model decides how
+    much to think; Claude 5 models support only this), or `disabled`."""
+
+    type: Literal["enabled", "adaptive", "disabled"]
     budget_tokens: int | None = Field(None, ge=1024)
 
     @model_validator(mode="after")
     def _budget_when_enabled(self) -> ThinkingConfig:
         if self.type == "enabled" and self.budget_tokens is None:
             raise ValueError("thinking.budget_tokens is required when thinking is enabled")
+        if self.type != "enabled" and self.budget_tokens is not None:
+            raise ValueError("thinking.budget_tokens applies only to type enabled")
         return self
 
 

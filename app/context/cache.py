@@ -90,8 +90,11 @@ def add_cache_breakpoints(
     # may not have normalised), then at most two are placed.
     for i, message in enumerate(new_messages):
         content = message.get("content")
-        if isinstance(content, list) and any("cache_control" in b for b in content):
-            new_messages[i] = {**message, "content": _unmarked(content)}
+        if isinstance(content, list):
+            for block in content:
+                if "cache_control" in block:
+                    new_messages[i] = {**message, "content": _unmarked(content)}
+                    break
     targets: list[int] = []
     if new_messages:
         targets.append(len(new_messages) - 1)

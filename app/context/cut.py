@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.context.blocks import is_clean_user_turn, is_internal, is_model_visible
+from app.context.blocks import is_clean_user_turn, is_internal, is_model_visible, tool_use_ids
 from app.context.tokens import node_tokens
 from app.context.types import ASSISTANT, Node
 
@@ -91,7 +91,7 @@ def _ends_open(nodes: Sequence[Node]) -> bool:
     results may still come, so it cannot be compacted away."""
     for node in reversed(nodes):
         if is_model_visible(node):
-            return node.role == ASSISTANT and any(b.get("type") == "tool_use" for b in node.content)
+            return node.role == ASSISTANT and bool(tool_use_ids(node.content))
     return False
 
 

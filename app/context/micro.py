@@ -56,13 +56,13 @@ def _saving(block: Block, cleared_tokens: int) -> int:
 
 def _scan(
     nodes: Sequence[Node], compactable: frozenset[str], protected: frozenset[str]
-) -> list[tuple[int, list[int]]]:
-    """Every node holding clearable results (a result of a compactable tool, not in
-    `protected`, not cleared already), with the positions of those blocks. Tool uses
-    are learnt going forward, so a result matches only a tool_use before it. This runs
-    on every request: one pass, no calls per block."""
-    clearable_ids: set[str] = set()
-    found: list[tuple[int, list[int]]] = []
+) -> list[tuple[int, list[int], int]]:
+    """Every node holding compactable results not cleared already: its index, the
+    positions of the clearable ones, and how many it holds that answer `protected`
+    uses (never cleared). Tool uses are learnt going forward, so a result matches only
+    a tool_use before it. This runs on every request: one pass, no calls per block."""
+    compactable_ids: set[str] = set()
+    found: list[tuple[int, list[int], int]] = []
     for i, node in enumerate(nodes):
         content = node.content
         if isinstance(content, str) or not content:
@@ -70,18 +70,22 @@ def _scan(
         if node.role == ASSISTANT:
             for block in content:
                 if block.get("type") == "tool_use" and block.get("name") in compactable:
-                    clearable_ids.add(block.get("id", ""))
+                    compactable_ids.add(block.get("id", ""))
         elif node.role == USER:
-            hits = [
-                k
-                for k, block in enumerate(content)
-                if block.get("type") == "tool_result"
-                and block.get("tool_use_id") in clearable_ids
-                and block["tool_use_id"] not in protected
-                and block.get("content") != CLEARED_TOOL_RESULT
-            ]
-            if hits:
-                found.append((i, hits))
+            hits: list[int] = []
+            guarded = 0
+            for k, block in enumerate(content):
+                if (
+                    block.get("type") == "tool_result"
+                    and block.get("tool_use_id") in compactable_ids
+                    and block.get("content") != CLEARED_TOOL_RESULT
+                ):
+                    if block["tool_use_id"] in protected:
+                        guarded += 1
+                    else:
+                        hits.append(k)
+            if hits or guarded:
+                found.append((i, hits, guarded))
     return found
 
 
@@ -103,27 +107,17 @@ def plan_micro(
     `cache_cold` (the prefix will be written afresh in any case); never for a move
     that frees nothing. Tokens are estimates relative to the projection at `watermark`,
     exactly the drop in `estimate_messages` between the two projections."""
-    protected = _newest_assistant_uses(nodes)
-    every = _scan(nodes, compactable, frozenset())
-    # The node of the oldest result that must stay: the keep_recent-th newest one, or
-    # the first answer to the newest assistant message.
+    every = _scan(nodes, compactable, _newest_assistant_uses(nodes))
+    # The watermark stays below the node of the oldest result that must stay: the
+    # keep_recent-th newest one, and any answer to the newest assistant message.
     limit = len(nodes)
-    if keep_recent > 0:
-        kept = 0
-        for i, hits in reversed(every):
-            kept += len(hits)
-            if kept >= keep_recent:
-                limit = i
-                break
-        else:
-            return None  # fewer compactable results than are kept anyway
-    for i, hits in every:
-        content = nodes[i].content
-        if any(content[k].get("tool_use_id") in protected for k in hits):
-            limit = min(limit, i)
-            break
+    kept = 0
+    for i, hits, guarded in reversed(every):
+        if guarded or kept < keep_recent:
+            limit = i
+        kept += len(hits) + guarded
     start = -1 if watermark is None else watermark
-    candidates = [(i, hits) for i, hits in every if start < i < limit]
+    candidates = [(i, hits) for i, hits, _ in every if start < i < limit]
     if not candidates:
         return None
     cleared_tokens = chars_to_tokens(len(CLEARED_TOOL_RESULT))
@@ -151,7 +145,9 @@ def apply_micro(
     head = nodes[: watermark + 1]
     protected = _newest_assistant_uses(nodes)
     cleared_tokens = chars_to_tokens(len(CLEARED_TOOL_RESULT))
-    for i, hits in _scan(head, compactable, protected):
+    for i, hits, _ in _scan(head, compactable, protected):
+        if not hits:
+            continue
         node = nodes[i]
         content = list(node.content)
         saved = 0

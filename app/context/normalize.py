@@ -36,7 +36,6 @@ the number of blocks.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from app.context.blocks import is_blank_text, is_internal
@@ -67,15 +66,20 @@ def missing_result(tool_use_id: str) -> Block:
     }
 
 
-@dataclass(slots=True)
 class _Group:
     """One API message being built: merged rows of the same role."""
 
-    role: str
-    results: list[Block] = field(default_factory=list)  # user: tool_result blocks
-    other: list[Block] = field(default_factory=list)  # every other block, in order
-    uses: list[str] = field(default_factory=list)  # assistant: tool_use ids, in order
-    uuids: list[str] = field(default_factory=list)
+    __slots__ = ("other", "results", "role", "uses", "uuids")
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.results: list[Block] = []  # user: tool_result blocks
+        self.other: list[Block] = []  # every other block, in order
+        self.uses: list[str] = []  # assistant: tool_use ids, in order
+        self.uuids: list[str] = []
+
+    def content(self) -> list[Block]:
+        return self.results + self.other if self.results else self.other
 
 
 def _without_cache_control(block: Block) -> Block:
@@ -93,6 +97,9 @@ def _blank_result_content(content: Any) -> bool:
 def _clean_result(block: Block) -> Block:
     """Drop blank nested text and nested cache_control; give blank content a text."""
     content = block.get("content")
+    if type(content) is str and content and not content.isspace():
+        # The common case: a plain string result.
+        return _without_cache_control(block) if "cache_control" in block else block
     if isinstance(content, list):
         kept: list[Any] = []
         changed = False
@@ -116,57 +123,52 @@ def _clean_result(block: Block) -> Block:
     return block
 
 
-def _add_user_blocks(group: _Group, content: Sequence[Block]) -> None:
-    for block in content:
-        kind = block.get("type")
-        if kind == "tool_result":
-            if block.get("tool_use_id"):
-                group.results.append(_clean_result(block))
-            continue
-        if kind == "tool_use" or (kind == "text" and is_blank_text(block)):
-            continue
-        group.other.append(_without_cache_control(block) if "cache_control" in block else block)
-
-
-def _add_assistant_blocks(group: _Group, content: Sequence[Block], seen: set[str]) -> None:
-    for block in content:
-        kind = block.get("type")
-        if kind == "tool_use":
-            use_id = block.get("id")
-            if not use_id or use_id in seen:
-                continue
-            seen.add(use_id)
-            group.uses.append(use_id)
-        elif kind == "tool_result" or (kind == "text" and is_blank_text(block)):
-            continue
-        group.other.append(_without_cache_control(block) if "cache_control" in block else block)
-
-
-def _as_list(content: Any) -> Sequence[Block]:
+def _add_blocks(group: _Group, content: Any, seen_uses: set[str]) -> bool:
+    """Step 2 for one row: append its sendable blocks to the group (tool_use ids seen
+    before are dropped). True when the row contributed anything. This is the per-block
+    loop of every request, so it makes no calls for the common blocks."""
     if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    return content or ()
+        content = [{"type": "text", "text": content}] if content else ()
+    assistant = group.role == ASSISTANT
+    other = group.other
+    added = False
+    for block in content or ():
+        kind = block.get("type")
+        if kind == "text":
+            value = block.get("text")
+            if not value or not isinstance(value, str) or value.isspace():
+                continue
+        elif kind == "tool_use":
+            use_id = block.get("id")
+            if not assistant or not use_id:
+                continue
+            seen_uses.add(use_id)
+            group.uses.append(use_id)
+        elif kind == "tool_result":
+            if not assistant and block.get("tool_use_id"):
+                group.results.append(_clean_result(block))
+                added = True
+            continue
+        other.append(_without_cache_control(block) if "cache_control" in block else block)
+        added = True
+    return added
 
 
 def _merge_rows(nodes: Sequence[Node]) -> list[_Group]:
     """Steps 1-3 without pairing: visible rows, cleaned, same-role runs merged."""
     groups: list[_Group] = []
     seen_uses: set[str] = set()
+    last: _Group | None = None
     for node in nodes:
         if is_internal(node):
             continue
-        role = node.role
-        same = bool(groups) and groups[-1].role == role
-        group = groups[-1] if same else _Group(role=role or USER)
-        before = len(group.results) + len(group.other)
-        if role == ASSISTANT:
-            _add_assistant_blocks(group, _as_list(node.content), seen_uses)
-        else:
-            _add_user_blocks(group, _as_list(node.content))
-        if len(group.results) + len(group.other) > before:
+        role = node.role or USER
+        group = last if last is not None and last.role == role else _Group(role)
+        if _add_blocks(group, node.content, seen_uses):
             group.uuids.append(node.uuid)
-            if not groups or groups[-1] is not group:
+            if group is not last:
                 groups.append(group)
+                last = group
     return groups
 
 
@@ -206,7 +208,9 @@ def _pair(groups: list[_Group]) -> list[_Group]:
         if group.results or group.other:
             out.append(group)
     if out and out[-1].role == ASSISTANT and out[-1].uses:
-        out.append(_Group(role=USER, results=[missing_result(u) for u in out[-1].uses]))
+        answer = _Group(USER)
+        answer.results = [missing_result(u) for u in out[-1].uses]
+        out.append(answer)
     return out
 
 
@@ -219,32 +223,37 @@ def _strip_final_whitespace(group: _Group) -> None:
             group.other[-1] = {**last, "text": stripped}
 
 
-def normalize_with_uuids(nodes: Sequence[Node]) -> list[tuple[ApiMessage, list[str]]]:
-    """`normalize_for_api`, each message with the uuids of the stored rows it was built
-    from (empty for synthetic messages: the leading omission note, a placeholder-only
-    answer to an open tool call)."""
+def _normalized(nodes: Sequence[Node]) -> tuple[list[_Group], bool]:
+    """The messages as groups, and whether the omission note must lead them."""
     out = _pair(_merge_rows(nodes))
-    if not out:
-        return []
-    if out[-1].role == ASSISTANT:
+    if out and out[-1].role == ASSISTANT:
         _strip_final_whitespace(out[-1])
-    messages: list[tuple[ApiMessage, list[str]]] = []
-    if out[0].role == ASSISTANT:
-        lead: ApiMessage = {
-            "role": USER,
-            "content": [{"type": "text", "text": EARLIER_CONVERSATION_OMITTED}],
-        }
-        messages.append((lead, []))
-    for group in out:
-        content = group.results + group.other if group.results else group.other
-        messages.append(({"role": group.role, "content": content}, group.uuids))
-    return messages
+    return out, bool(out) and out[0].role == ASSISTANT
+
+
+def _omission_note() -> ApiMessage:
+    return {"role": USER, "content": [{"type": "text", "text": EARLIER_CONVERSATION_OMITTED}]}
 
 
 def normalize_for_api(nodes: Sequence[Node]) -> list[ApiMessage]:
     """The `messages` array for a model request built from a view (see module doc).
     An empty list when nothing in the view is visible to the model."""
-    return [message for message, _ in normalize_with_uuids(nodes)]
+    groups, lead = _normalized(nodes)
+    messages = [{"role": g.role, "content": g.content()} for g in groups]
+    if lead:
+        messages.insert(0, _omission_note())
+    return messages
+
+
+def normalize_with_uuids(nodes: Sequence[Node]) -> list[tuple[ApiMessage, list[str]]]:
+    """`normalize_for_api`, each message with the uuids of the stored rows it was built
+    from (empty for synthetic messages: the leading omission note, a placeholder-only
+    answer to an open tool call)."""
+    groups, lead = _normalized(nodes)
+    pairs = [({"role": g.role, "content": g.content()}, g.uuids) for g in groups]
+    if lead:
+        pairs.insert(0, (_omission_note(), []))
+    return pairs
 
 
 # ---------------------------------------------------------------------------
@@ -341,7 +350,10 @@ def validate_api_messages(messages: Sequence[ApiMessage]) -> list[str]:
     messages and each answering a tool_use of the previous assistant message exactly
     once, every tool_use answered in the next message unless it is the final one,
     unique tool_use ids, no trailing whitespace at the end of a final assistant message,
-    at most 4 cache_control marks among the messages. An empty list means valid."""
+    at most 4 cache_control marks among the messages, none on a thinking block. One
+    rule is stricter than the API's: a tool_result's content must not be blank (the
+    API refuses that only for an error result; normalize_for_api never sends it). An
+    empty list means valid."""
     if not messages:
         return ["messages: at least one message is required"]
     problems: list[str] = []

@@ -64,6 +64,6 @@ def build_body(
         body["system"] = system_out
     if tools_out:
         body["tools"] = tools_out
-    if thinking and session.thinking and session.thinking.get("type") == "enabled":
-        body["thinking"] = {"type": "enabled", "budget_tokens": session.thinking["budget_tokens"]}
+    if thinking and session.thinking and session.thinking.get("type") != "disabled":
+        body["thinking"] = dict(session.thinking)
     return body

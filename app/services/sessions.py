@@ -81,7 +81,17 @@ class Limits:
 
 
 def check_thinking(max_tokens: int | None, thinking: dict[str, Any] | None, model: str) -> None:
-    if thinking and thinking.get("type") == "enabled":
+    kind = (thinking or {}).get("type")
+    modes = model_info(model).thinking_modes
+    wanted = {"enabled": "extended", "adaptive": "adaptive"}.get(kind or "")
+    if wanted and modes and wanted not in modes:
+        raise Invalid(
+            f"model {model} does not support thinking type {kind!r} "
+            f"(it supports: {', '.join(sorted(modes))})",
+            errors=[{"loc": ["body", "thinking", "type"], "msg": "not supported by the model",
+                     "type": "value_error"}],
+        )
+    if thinking and kind == "enabled":
         budget = thinking["budget_tokens"]
         limit = max_tokens or default_max_tokens(model)
         if budget >= limit:

@@ -18,7 +18,7 @@ async def create(api: httpx.AsyncClient, **body: object) -> dict:
 async def test_create_fills_defaults(api: httpx.AsyncClient) -> None:
     session = await create(api, title="t", system="be brief", builtin_tools=["Read", "Grep"])
     assert session["title"] == "t"
-    assert session["model"] == "claude-sonnet-4-5"
+    assert session["model"] == "claude-sonnet-5-5"
     assert session["system"] == "be brief"
     assert session["builtin_tools"] == ["Read", "Grep"]
     assert session["status"] == "idle"
@@ -32,9 +32,12 @@ async def test_create_fills_defaults(api: httpx.AsyncClient) -> None:
         "micro": True,
         "collapse_at": 0.9,
     }
-    assert session["context"]["context_window"] == 200_000
+    assert session["context"]["context_window"] == 1_000_000
+    # 1M window - min(128k output, 20k) - 13k buffer
+    assert session["context"]["auto_compact_threshold"] == 967_000
+    older = await create(api, model="claude-haiku-4-5-20251001")
     # 200k window - min(64k output, 20k) - 13k buffer
-    assert session["context"]["auto_compact_threshold"] == 167_000
+    assert older["context"]["auto_compact_threshold"] == 167_000
     assert session["usage"] == {
         "input_tokens": 0,
         "output_tokens": 0,
@@ -59,7 +62,10 @@ async def test_invalid_bodies_are_422_and_change_nothing(api: httpx.AsyncClient)
     cases = [
         {"builtin_tools": ["Bash"]},
         {"max_tokens": 0},
-        {"thinking": {"type": "enabled", "budget_tokens": 2000}, "max_tokens": 1500},
+        {"thinking": {"type": "enabled", "budget_tokens": 2000}, "max_tokens": 1500,
+         "model": "claude-opus-4-1"},
+        {"thinking": {"type": "enabled", "budget_tokens": 2000}},  # Claude 5: adaptive only
+        {"thinking": {"type": "adaptive", "budget_tokens": 2000}},
         {"thinking": {"type": "enabled"}},
         {"tools": [{"name": "bad name", "input_schema": {"type": "object"}}]},
         {"tools": [{"name": "a", "input_schema": {"type": "object"}}] * 2},

@@ -27,6 +27,7 @@ from app.context.types import (
     Node,
 )
 from tests.unit.strategies import (
+    agent_histories,
     histories,
     node,
     text,
@@ -433,3 +434,14 @@ def test_uuids_follow_the_stored_order(h: list[Node]) -> None:
     order = [n.uuid for n in h if is_model_visible(n)]
     positions = [order.index(x) for x in flat]
     assert positions == sorted(set(positions))
+
+
+@given(agent_histories())
+def test_requests_of_an_agent_loop_extend_each_other(h: list[Node]) -> None:
+    """Each request of a healthy loop (made after a user row) is a prefix of every later
+    one, so the prompt cache written by one turn is read by the next."""
+    full = normalize_for_api(h)
+    for k in range(1, len(h) + 1):
+        if h[k - 1].role == USER:
+            request = normalize_for_api(h[:k])
+            assert full[: len(request)] == request

@@ -51,7 +51,8 @@ def test_render_for_summary_exact() -> None:
 def test_render_shortens_tool_input() -> None:
     h = [node("a", ASSISTANT, [tool_use("t", "Write", file_path="a", content="y" * 500)])]
     line = render_for_summary(h, max_input_chars=30)
-    assert line == 'Assistant: [called Write({"file_path": "a", "content": … [503 more characters])]'
+    expected = '[called Write({"file_path": "a", "content": … [503 more characters])]'
+    assert line == f"Assistant: {expected}"
 
 
 def test_shorten() -> None:

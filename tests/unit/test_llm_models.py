@@ -48,7 +48,7 @@ def test_known_models_resolve(name: str, canonical: str, max_output: int, thinki
 
 @pytest.mark.parametrize(
     "name",
-    ["gpt-4o", "", "claude-opus-4-6", "claude-sonnet-4-55", "claude-opus-4-5-turbo", "claude-9"],
+    ["gpt-4o", "", "claude-opus-4-66", "claude-sonnet-4-55", "claude-opus-4-5-turbo", "claude-9"],
 )
 def test_unknown_models_get_safe_defaults_and_never_raise(name: str) -> None:
     info = model_info(name)
@@ -62,8 +62,17 @@ def test_unknown_models_get_safe_defaults_and_never_raise(name: str) -> None:
 
 
 def test_newer_minor_version_is_not_taken_for_an_older_model() -> None:
-    # "claude-opus-4-6" must not resolve to claude-opus-4 by prefix.
-    assert model_info("claude-opus-4-6").max_output_tokens == 8_192
+    # "claude-opus-4-9" must not resolve to claude-opus-4 by prefix.
+    assert model_info("claude-opus-4-9").max_output_tokens == 8_192
+    assert model_info("claude-opus-4-6").context_window == 1_000_000
+
+
+def test_current_lineup_is_known() -> None:
+    for name in ("claude-sonnet-5-5", "claude-opus-5-5", "claude-haiku-5-5", "claude-fable-5-2"):
+        info = model_info(name)
+        assert (info.context_window, info.max_output_tokens) == (1_000_000, 128_000)
+        assert info.thinking_modes == frozenset({"adaptive"})
+        assert info.tokens_per_char_factor > 1
 
 
 def test_offline_model_has_its_own_entry() -> None:

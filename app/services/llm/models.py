@@ -3,8 +3,10 @@
 Compaction thresholds and `max_tokens` defaults are computed from these numbers, so an
 unknown model id gets conservative values (a 200k window, 8,192 output tokens, no
 thinking) rather than an error: a new model id must never break a running service.
-Figures are Anthropic's published ones (models overview, late 2025); the 1M-token
-context of some models is a beta behind a header and is not assumed here.
+Figures are Anthropic's published ones (platform.claude.com model pages, November
+2026). Models from Claude 4.7 on use a newer tokenizer that counts about 30% more tokens
+for the same text (`tokens_per_char_factor`), and models from Claude 5 on think
+adaptively only: a manual `{"type": "enabled", "budget_tokens": N}` is refused there.
 """
 
 from __future__ import annotations
@@ -26,11 +28,34 @@ class ModelInfo:
     context_window: int
     max_output_tokens: int
     supports_thinking: bool
+    # "extended" (budget_tokens), "adaptive" (the model decides), or both
+    thinking_modes: frozenset[str] = frozenset({"extended"})
+    # How many more tokens than the calibration tokenizer the same text takes.
+    tokens_per_char_factor: float = 1.0
+
+
+_ADAPTIVE = frozenset({"adaptive"})
+_BOTH = frozenset({"extended", "adaptive"})
+_NEW_TOKENIZER = 1.3
 
 
 _TABLE: Final[dict[str, ModelInfo]] = {
     info.name: info
     for info in (
+        # The current lineup (1M context, 128K output, adaptive thinking, new tokenizer).
+        ModelInfo("claude-fable-5-2", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-fable-5-1", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-fable-5", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-opus-5-5", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-sonnet-5-5", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-haiku-5-5", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-opus-5", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        ModelInfo("claude-sonnet-5", 1_000_000, 128_000, True, _ADAPTIVE, _NEW_TOKENIZER),
+        # Legacy models still served.
+        ModelInfo("claude-opus-4-8", 1_000_000, 128_000, True, _BOTH, _NEW_TOKENIZER),
+        ModelInfo("claude-opus-4-7", 1_000_000, 128_000, True, _BOTH, _NEW_TOKENIZER),
+        ModelInfo("claude-opus-4-6", 1_000_000, 128_000, True, _BOTH),
+        ModelInfo("claude-sonnet-4-6", 1_000_000, 64_000, True, _BOTH),
         ModelInfo("claude-opus-4-5", 200_000, 64_000, True),
         ModelInfo("claude-sonnet-4-5", 200_000, 64_000, True),
         ModelInfo("claude-haiku-4-5", 200_000, 64_000, True),
@@ -59,7 +84,7 @@ _ALIASES: Final[dict[str, str]] = {
 # "-20250929" (dated snapshot), "-latest", Vertex "@20250929", Bedrock "-v1:0".
 _SUFFIX: Final = re.compile(r"(?:-v\d+(?::\d+)?|@\d{8}|-\d{8}|-latest)$")
 
-DEFAULT_MODEL_INFO: Final = ModelInfo("unknown", 200_000, 8_192, False)
+DEFAULT_MODEL_INFO: Final = ModelInfo("unknown", 200_000, 8_192, False, frozenset())
 
 
 def _canonical(name: str) -> str:
@@ -85,7 +110,9 @@ def model_info(name: str) -> ModelInfo:
     info = _TABLE.get(_canonical(name))
     if info is None:
         d = DEFAULT_MODEL_INFO
-        return ModelInfo(name, d.context_window, d.max_output_tokens, d.supports_thinking)
+        return ModelInfo(
+            name, d.context_window, d.max_output_tokens, d.supports_thinking, d.thinking_modes
+        )
     return info
 
 

@@ -1,0 +1,266 @@
+"""Run lifecycle: cancel, expiry of client tools, dead processes, thinking round trips,
+prompt caching, pings."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from app.models import Run, RunEvent
+from tests.conftest import LiveServer, live_server
+from tests.fake_anthropic import FakeAnthropic, items
+from tests.runs.helpers import (
+    all_accepted,
+    assert_gap_free,
+    assert_next_request_valid,
+    messages,
+    names,
+    new_session,
+    post_stream,
+    stream,
+)
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
+
+
+async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+async def test_cancel_mid_stream_keeps_partial_and_stays_valid(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    fake.configure(chunk_delay=0.05, text_chunk_chars=3)
+    fake.script(
+        items.message(
+            "a reply long enough to be cut off half way through",
+            items.tool_use("Glob", {"pattern": "*"}),
+        )
+    )
+    async with live_fake.client() as client:
+        sid = await new_session(client, builtin_tools=["Glob"])
+        run = (
+            await client.post(
+                f"/sessions/{sid}/messages", json={"content": "go", "background": True}
+            )
+        ).json()
+        url = f"/sessions/{sid}/runs/{run['id']}"
+        await stream(client, "GET", f"{url}/events", limit=6)
+        cancelled = await client.post(f"{url}/cancel")
+        assert cancelled.status_code == 200
+        assert cancelled.json()["status"] == "cancelled"
+        events = await stream(client, "GET", f"{url}/events")
+        assert_gap_free(events)
+        assert names(events)[-1] == "run.cancelled"
+        stored = await messages(client, sid)
+        assert [m["role"] for m in stored] == ["user", "assistant"]
+        partial = stored[1]
+        assert partial["subtype"] == "interrupted"
+        assert partial["content"][0]["text"].startswith("a rep")
+        assert len(partial["content"][0]["text"]) < 40
+        again = await client.post(f"{url}/cancel")
+        assert again.json() == cancelled.json()
+        assert (await client.get(f"/sessions/{sid}")).json()["status"] == "idle"
+        await assert_next_request_valid(client, sid)
+
+
+async def test_cancel_requires_action_answers_open_tools(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    fake.script(items.message(items.tool_use("get_weather", {}, id="toolu_w")))
+    async with live_fake.client() as client:
+        sid = await new_session(client, tools=[WEATHER])
+        first = await post_stream(client, sid, "weather")
+        run = first[-1].json
+        assert run["status"] == "requires_action"
+        cancelled = (await client.post(f"/sessions/{sid}/runs/{run['id']}/cancel")).json()
+        assert cancelled["status"] == "cancelled"
+        assert cancelled["required_action"] is None
+        stored = await messages(client, sid)
+        result = stored[-1]["content"][0]
+        assert result["type"] == "tool_result"
+        assert result["tool_use_id"] == "toolu_w"
+        assert result["is_error"] is True
+        events = await stream(client, "GET", f"/sessions/{sid}/runs/{run['id']}/events")
+        assert names(events)[-1] == "run.cancelled"
+        assert_gap_free(events)
+        await assert_next_request_valid(client, sid)
+
+
+async def test_requires_action_expires(
+    database_url: str, engine: AsyncEngine, fake: FakeAnthropic
+) -> None:
+    fake.script(items.message(items.tool_use("get_weather", {}, id="toolu_x")))
+    async with (
+        live_server(
+            database_url,
+            engine,
+            model_provider="anthropic",
+            anthropic_api_key="k",
+            anthropic_base_url=fake.base_url,
+            requires_action_ttl_seconds=0.3,
+        ) as server,
+        server.client() as client,
+    ):
+        sid = await new_session(client, tools=[WEATHER])
+        run = (await post_stream(client, sid, "weather"))[-1].json
+
+        async def failed() -> bool:
+            current = (await client.get(f"/sessions/{sid}/runs/{run['id']}")).json()
+            return bool(current["status"] == "failed")
+
+        await wait_for(failed)
+        current = (await client.get(f"/sessions/{sid}/runs/{run['id']}")).json()
+        assert current["error"]["type"] == "expired"
+        events = await stream(client, "GET", f"/sessions/{sid}/runs/{run['id']}/events")
+        assert names(events)[-2:] == ["run.requires_action", "run.failed"]
+        assert_gap_free(events)
+        assert (await messages(client, sid))[-1]["content"][0]["tool_use_id"] == "toolu_x"
+        late = await client.post(
+            f"/sessions/{sid}/runs/{run['id']}/tool_results",
+            json={"results": [{"tool_use_id": "toolu_x"}]},
+        )
+        assert late.status_code == 409
+
+
+async def test_run_of_a_dead_process_is_reaped(live: LiveServer, engine: AsyncEngine) -> None:
+    """A run whose lease expired (its process died) fails and frees the session; its
+    stream ends with the next id after the stored prefix."""
+    async with live.client() as client:
+        sid = await new_session(client)
+        run_id = uuid.uuid4()
+        async with AsyncSession(engine) as db:
+            run = Run(
+                id=run_id,
+                session_id=uuid.UUID(sid),
+                kind="turn",
+                status="running",
+                worker_id="dead-host:1",
+                params={},
+                state={},
+                usage={},
+                lease_expires_at=datetime.now(UTC) - timedelta(seconds=1),
+            )
+            db.add(run)
+            await db.flush()
+            db.add(RunEvent(run_id=run.id, seq=1, event="run.started", data="{}"))
+            db.add(RunEvent(run_id=run.id, seq=2, event="text.delta", data='{"text":"hi"}'))
+            await db.commit()
+        events = await stream(client, "GET", f"/sessions/{sid}/runs/{run_id}/events")
+        assert names(events) == ["run.started", "text.delta", "run.failed"]
+        assert_gap_free(events)
+        assert events[-1].json["error"]["type"] == "interrupted"
+        reply = await client.post(f"/sessions/{sid}/messages", json={"content": "again"})
+        assert reply.json()["run"]["status"] == "completed"
+
+
+async def test_thinking_blocks_round_trip_verbatim(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    fake.script(
+        items.message(items.thinking("let me think"), items.tool_use("Glob", {"pattern": "*"})),
+        items.message(items.thinking("done thinking"), "answer"),
+    )
+    async with live_fake.client() as client:
+        sid = await new_session(
+            client,
+            builtin_tools=["Glob"],
+            model="claude-opus-4-5",
+            thinking={"type": "enabled", "budget_tokens": 2048},
+            max_tokens=8000,
+        )
+        events = await post_stream(client, sid, "think")
+        assert names(events)[-1] == "run.completed"
+        assert "thinking.delta" in names(events)
+    second = fake.requests[1]
+    assert second["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assistant = second["messages"][1]
+    assert assistant["content"][0]["type"] == "thinking"
+    assert assistant["content"][0]["thinking"] == "let me think"
+    assert assistant["content"][0]["signature"]
+    all_accepted(fake)
+
+
+async def test_prompt_cache_is_read_turn_after_turn(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    fake.configure(min_cache_tokens=256)
+    system = "You are a careful assistant. " * 200
+    async with live_fake.client() as client:
+        sid = await new_session(client, system=system, builtin_tools=["Read", "Glob"])
+        for i in range(4):
+            body = (
+                await client.post(
+                    f"/sessions/{sid}/messages", json={"content": f"question {i} " * 30}
+                )
+            ).json()
+            assert body["run"]["status"] == "completed"
+        usage = (await client.get(f"/sessions/{sid}")).json()["usage"]
+    reads = [u["cache_read_input_tokens"] for u in fake.usages]
+    assert reads[0] == 0
+    assert all(r > 0 for r in reads[1:]), reads
+    assert usage["cache_read_input_tokens"] == sum(reads)
+    for request in fake.requests:
+        marks = sum(1 for m in request["messages"] for b in m["content"] if "cache_control" in b)
+        marks += sum(1 for b in request.get("system", []) if "cache_control" in b)
+        marks += sum(1 for t in request.get("tools", []) if "cache_control" in t)
+        assert marks <= 4
+    all_accepted(fake)
+
+
+async def test_pings_and_bad_last_event_id(
+    database_url: str, engine: AsyncEngine, fake: FakeAnthropic
+) -> None:
+    fake.script(items.message(items.tool_use("get_weather", {}, id="t1")))
+    async with (
+        live_server(
+            database_url,
+            engine,
+            sse_ping_seconds=0.2,
+            model_provider="anthropic",
+            anthropic_api_key="k",
+            anthropic_base_url=fake.base_url,
+        ) as server,
+        server.client() as client,
+    ):
+        sid = await new_session(client, tools=[WEATHER])
+        run = (await post_stream(client, sid, "x"))[-1].json
+        url = f"/sessions/{sid}/runs/{run['id']}/events"
+        bad = await client.get(url, headers={"Last-Event-ID": "abc"})
+        assert bad.status_code == 422
+        # A paused run's stream ends; a following client waits with pings meanwhile.
+        fake.script(items.message("done", delay=0.7))
+        async with client.stream(
+            "POST",
+            f"/sessions/{sid}/runs/{run['id']}/tool_results",
+            json={"results": [{"tool_use_id": "t1"}], "stream": True},
+        ) as r:
+            raw = (await r.aread()).decode()
+        assert ": ping" in raw
+        assert "event: run.completed" in raw
+
+
+async def test_delete_session_with_active_run(
+    live_fake: LiveServer, fake: FakeAnthropic, engine: AsyncEngine
+) -> None:
+    fake.script(items.message("slow", delay=2))
+    async with live_fake.client() as client:
+        sid = await new_session(client)
+        run = (
+            await client.post(
+                f"/sessions/{sid}/messages", json={"content": "x", "background": True}
+            )
+        ).json()
+        await asyncio.sleep(0.1)
+        assert (await client.delete(f"/sessions/{sid}")).status_code == 204
+        assert (await client.get(f"/sessions/{sid}")).status_code == 404
+    async with AsyncSession(engine) as db:
+        assert await db.scalar(select(Run).where(Run.id == uuid.UUID(run["id"]))) is None
