@@ -18,6 +18,7 @@ import pytest
 
 from tests.fake_anthropic import (
     BLOCK_OVERHEAD_TOKENS,
+    CHARS_PER_TOKEN,
     FakeAnthropic,
     count_tokens,
     items,
@@ -114,7 +115,7 @@ async def test_stream_helper_assembles_text(fake: FakeAnthropic, client: Any) ->
     assert final.model == MODEL
     assert final.id.startswith("msg_")
     assert final.stop_reason == "end_turn"
-    assert final.usage.output_tokens == math.ceil(len(reply) / 4)
+    assert final.usage.output_tokens == math.ceil(len(reply) / CHARS_PER_TOKEN)
     assert final.usage.input_tokens == count_tokens({"messages": [user("Tell me about foxes")]})
     assert fake.rejections == []
     assert fake.pending == []
@@ -643,13 +644,13 @@ async def test_request_too_large(fake: FakeAnthropic, client: Any) -> None:
 
 async def test_prompt_too_long(fake: FakeAnthropic, client: Any) -> None:
     fake.configure(max_context_tokens=1000)
-    messages = [user("y" * 3990)]
+    messages = [user("y" * 2794)]
     n = count_tokens({"messages": messages})
-    assert n == math.ceil(3990 / 4) + BLOCK_OVERHEAD_TOKENS == 1001
+    assert n == math.ceil(2794 / CHARS_PER_TOKEN) + BLOCK_OVERHEAD_TOKENS == 1001
     with pytest.raises(anthropic.BadRequestError) as exc:
         await client.messages.create(model=MODEL, max_tokens=10, messages=messages)
     assert exc.value.api_message == "prompt is too long: 1001 tokens > 1000 maximum"
-    await client.messages.create(model=MODEL, max_tokens=10, messages=[user("y" * 3980)])
+    await client.messages.create(model=MODEL, max_tokens=10, messages=[user("y" * 2790)])
 
 
 async def test_count_tokens_matches_the_estimate(fake: FakeAnthropic, client: Any) -> None:
@@ -665,11 +666,11 @@ async def test_count_tokens_matches_the_estimate(fake: FakeAnthropic, client: An
     }
     counted = await client.messages.count_tokens(**body)
     expected = (
-        math.ceil(len(json.dumps(TOOL, separators=(",", ":"), sort_keys=True)) / 4)
-        + math.ceil(len("You are terse.") / 4)
-        + math.ceil(101 / 4)
-        + math.ceil((len("Read") + len('{"path":"x.txt"}')) / 4)
-        + math.ceil(len("file body " * 30) / 4)
+        math.ceil(len(json.dumps(TOOL, separators=(",", ":"), sort_keys=True)) / CHARS_PER_TOKEN)
+        + math.ceil(len("You are terse.") / CHARS_PER_TOKEN)
+        + math.ceil(101 / CHARS_PER_TOKEN)
+        + math.ceil((len("Read") + len('{"path":"x.txt"}')) / CHARS_PER_TOKEN)
+        + math.ceil(len("file body " * 30) / CHARS_PER_TOKEN)
         + 5 * BLOCK_OVERHEAD_TOKENS
     )
     assert counted.input_tokens == expected == count_tokens(body)

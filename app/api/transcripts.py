@@ -2,6 +2,69 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import StreamingResponse
+
+from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep
+from app.schemas import SessionCreate, SessionOut
+from app.services import sessions, transcripts
 
 router = APIRouter(tags=["transcripts"])
+
+NDJSON = "application/x-ndjson"
+
+_JSONL_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "description": "A Claude Code session file: one JSON object a line "
+        "(application/x-ndjson, application/jsonl or text/plain).",
+        "content": {
+            media: {"schema": {"type": "string"}}
+            for media in (NDJSON, "application/jsonl", "text/plain")
+        },
+    }
+}
+
+
+@router.get(
+    "/sessions/{session_id}/transcript",
+    response_class=StreamingResponse,
+    responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}}}},
+)
+async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse:
+    """The session's full chain (across compact boundaries), oldest first, one JSON
+    object a line in the shape of Claude Code's session files."""
+    # Rows are loaded here, while the request's database session is open; only the
+    # rendering is streamed.
+    rows = await transcripts.export_rows(db, session)
+    return StreamingResponse(
+        transcripts.render(rows, session.id),
+        media_type=NDJSON,
+        headers={"Content-Disposition": f'attachment; filename="{session.id}.jsonl"'},
+    )
+
+
+@router.post("/sessions/import", status_code=201, openapi_extra=_JSONL_BODY)
+async def import_transcript(
+    request: Request,
+    db: DbDep,
+    tenant: TenantDep,
+    settings: SettingsDep,
+    title: Annotated[str | None, Query(max_length=500)] = None,
+    model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+) -> SessionOut:
+    """A new session holding the transcript's messages (fresh uuids, the originals kept
+    as `metadata.source_uuid`), ready to be continued. A malformed line answers 422
+    naming its line number, and nothing is stored."""
+    transcript = await transcripts.read_transcript(request.stream())
+    drafts, head = transcripts.build_tree(transcript)
+    body = SessionCreate(
+        title=title or transcript.title,
+        model=model or transcript.model() or settings.model,
+        metadata={"imported": {"source_session_id": transcript.source_session_id}},
+    )
+    session = await sessions.create(db, tenant, body, settings)
+    await transcripts.store_tree(db, session, drafts, head)
+    return await sessions.to_out(db, session, settings, status="idle")

@@ -60,8 +60,9 @@ def _scan(
     """Every node holding compactable results not cleared already: its index, the
     positions of the clearable ones, and how many it holds that answer `protected`
     uses (never cleared). Tool uses are learnt going forward, so a result matches only
-    a tool_use before it. This runs on every request: one pass, no calls per block."""
-    compactable_ids: set[str] = set()
+    a tool_use before it; a reused id keeps the name of its first use (normalize_for_api
+    keeps only that one). This runs on every request: one pass, few calls per block."""
+    names: dict[str, str] = {}  # id -> name of the first tool_use with that id
     found: list[tuple[int, list[int], int]] = []
     for i, node in enumerate(nodes):
         content = node.content
@@ -69,15 +70,15 @@ def _scan(
             continue
         if node.role == ASSISTANT:
             for block in content:
-                if block.get("type") == "tool_use" and block.get("name") in compactable:
-                    compactable_ids.add(block.get("id", ""))
+                if block.get("type") == "tool_use":
+                    names.setdefault(block.get("id", ""), block.get("name", ""))
         elif node.role == USER:
             hits: list[int] = []
             guarded = 0
             for k, block in enumerate(content):
                 if (
                     block.get("type") == "tool_result"
-                    and block.get("tool_use_id") in compactable_ids
+                    and names.get(block.get("tool_use_id", "")) in compactable
                     and block.get("content") != CLEARED_TOOL_RESULT
                 ):
                     if block["tool_use_id"] in protected:

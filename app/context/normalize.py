@@ -140,7 +140,7 @@ def _add_blocks(group: _Group, content: Any, seen_uses: set[str]) -> bool:
                 continue
         elif kind == "tool_use":
             use_id = block.get("id")
-            if not assistant or not use_id:
+            if not assistant or not use_id or use_id in seen_uses:
                 continue
             seen_uses.add(use_id)
             group.uses.append(use_id)

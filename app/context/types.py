@@ -46,7 +46,7 @@ class Node:
         return self.subtype == COMPACT_BOUNDARY
 
     def with_content(self, content: list[Block], token_estimate: int) -> Node:
-        """A copy with other content (a projection: micro-compaction, collapse).
+        """A copy with other content and estimate (a projection: micro-compaction).
         Spelled out rather than dataclasses.replace, which costs twice as much on a
         path that runs for thousands of nodes per request; a new field must be added
         here (tests/unit/test_context_blocks.py checks every field is carried)."""
@@ -65,7 +65,7 @@ class Node:
         )
 
 
-# Added for the context package (nothing above changed).
+# Added for the context package.
 COLLAPSED = "collapsed"  # subtype of the synthetic user node that stands for a collapsed span
 
 # The error result normalize_for_api puts under a tool_use that has no stored answer

@@ -56,8 +56,10 @@ log = logging.getLogger("parley.compaction")
 MAX_CONSECUTIVE_FAILURES = 3
 MAX_PTL_RETRIES = 3
 SUMMARY_MAX_TOKENS = 20_000
-KEEP_SHARE = 0.10  # verbatim tail kept after a compaction, as a share of the threshold
-FILES_SHARE = 0.08  # re-attached files, as a share of the threshold
+# Budgets after a compaction, as shares of the threshold and of the view being compacted
+# (whichever is smaller, so compacting a short conversation early still shrinks it):
+KEEP_SHARE = (0.10, 0.30)  # the newest messages, kept verbatim
+FILES_SHARE = (0.08, 0.20)  # re-attached files
 MAX_FILES = 5
 FILE_TOKENS = 5_000
 RECENT_USER_TOKENS = 2_000
@@ -278,8 +280,14 @@ async def reactive(runner: TurnRunner, error: PromptTooLong) -> None:
     from app.services.agent import RunFailed
 
     session = runner.session
+    # Size the result for the limit the API just reported, not only for our threshold.
+    threshold = Limits(session, runner.rt.settings).auto_compact_threshold
+    if error.maximum:
+        threshold = min(threshold, int(0.8 * error.maximum))
     try:
-        await compact(runner, session, "reactive", pre_tokens=error.tokens or None)
+        await compact(
+            runner, session, "reactive", pre_tokens=error.tokens or None, threshold=threshold
+        )
     except (NothingToCompact, CompactionFailed) as exc:
         await _count_failure(runner.rt, session.id)
         raise RunFailed(
@@ -328,9 +336,13 @@ class _Plan:
     files: list[tuple[str, str]] = field(default_factory=list)
 
 
+def budget(shares: tuple[float, float], threshold: int, view_tokens: int) -> int:
+    return int(min(shares[0] * threshold, shares[1] * view_tokens))
+
+
 def plan_compaction(session: AgentSession, view: ChainView, threshold: int) -> _Plan:
     nodes = view.projected
-    cut = find_cut(nodes, int(threshold * KEEP_SHARE))
+    cut = find_cut(nodes, budget(KEEP_SHARE, threshold, view_estimate(session, nodes)))
     if cut is None:
         raise NothingToCompact(
             "Nothing can be compacted without splitting a tool call from its result"
@@ -364,12 +376,13 @@ async def compact(
     *,
     instructions: str | None = None,
     pre_tokens: int | None = None,
+    threshold: int | None = None,
 ) -> CompactionOutcome:
     rt = runner.rt
-    limits = Limits(session, rt.settings)
+    threshold = threshold or Limits(session, rt.settings).auto_compact_threshold
     async with rt.db.sessionmaker() as db:
         view = await load_view(db, session)
-    plan = plan_compaction(session, view, limits.auto_compact_threshold)
+    plan = plan_compaction(session, view, threshold)
     pre = pre_tokens or request_estimate(session, view)
     await runner.emit("compaction.started", {"trigger": trigger, "pre_tokens": pre})
     await _call_hooks(rt, "before", CompactionEvent(session.id, trigger, pre))
@@ -386,7 +399,7 @@ async def compact(
         trigger=trigger,
         pre_tokens=pre,
         instructions=instructions,
-        threshold=limits.auto_compact_threshold,
+        threshold=threshold,
     )
     await runner.emit(
         "compaction.completed",
@@ -618,7 +631,7 @@ async def store_compaction(
             db,
             session.id,
             files_to_reattach(compacted, plan.nodes[plan.cut.index :]),
-            int(threshold * FILES_SHARE),
+            budget(FILES_SHARE, threshold, view_estimate(session, plan.nodes)),
         )
         specs: list[dict[str, Any]] = [
             {

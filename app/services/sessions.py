@@ -88,8 +88,13 @@ def check_thinking(max_tokens: int | None, thinking: dict[str, Any] | None, mode
         raise Invalid(
             f"model {model} does not support thinking type {kind!r} "
             f"(it supports: {', '.join(sorted(modes))})",
-            errors=[{"loc": ["body", "thinking", "type"], "msg": "not supported by the model",
-                     "type": "value_error"}],
+            errors=[
+                {
+                    "loc": ["body", "thinking", "type"],
+                    "msg": "not supported by the model",
+                    "type": "value_error",
+                }
+            ],
         )
     if thinking and kind == "enabled":
         budget = thinking["budget_tokens"]

@@ -183,7 +183,7 @@ async def append_many(
         return []
     first = await allocate_seq(db, session_id, len(specs))
     rows = [new_row(session_id=session_id, seq=first + i, **spec) for i, spec in enumerate(specs)]
-    await db.execute(insert(Message), rows)
+    await db.execute(insert(messages_t), rows)
     if move_head:
         await set_head(db, session_id, rows[-1]["uuid"])
     return rows
@@ -276,7 +276,7 @@ async def fork(
         for i, row in enumerate(rows)
     ]
     if copies:
-        await db.execute(insert(Message), copies)
+        await db.execute(insert(messages_t), copies)
         target.head_uuid = new_ids[rows[-1].uuid]
     await _copy_context_marks(db, source.id, target.id, new_ids)
     await _copy_files(db, source.id, target.id)

@@ -16,22 +16,25 @@ changes no count.
 - ``thinking``: ``len(thinking)`` (the signature is free); ``redacted_thinking``: ``len(data)``
 - ``tool_use`` / ``server_tool_use``: ``len(name) + len(compact_json(input))``
 - ``tool_result``: its ``content`` string length, or the sum over its nested blocks
-  (``text`` -> ``len(text)``, ``image`` -> ``IMAGE_TOKENS * 4``, others -> compact JSON)
-- ``image``: ``IMAGE_TOKENS * 4``
+  (``text`` -> ``len(text)``, ``image`` -> ``IMAGE_TOKENS * CHARS_PER_TOKEN``, others -> compact JSON)
+- ``image``: ``IMAGE_TOKENS * CHARS_PER_TOKEN``
 - a tool definition, or any other block: ``len(compact_json(block without cache_control))``
 
 ``compact_json`` is ``json.dumps(x, separators=(",", ":"), ensure_ascii=False,
-sort_keys=True)``. The real tokenizer runs at about 2.8 characters per token on real
-transcripts, so this estimate undercounts real traffic; it only has to be deterministic.
+sort_keys=True)``. CHARS_PER_TOKEN is the 2.8 characters per token that real Claude Code transcripts show, so
+the service's estimates relate to these counts as they do to the real API's.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-CHARS_PER_TOKEN = 4
+# The median of real Claude Code transcripts (ANTHROPIC-WIRE.md), so that the service's
+# estimates and the fake's counts agree the way they do against the real API.
+CHARS_PER_TOKEN = 2.8
 BLOCK_OVERHEAD_TOKENS = 3
 IMAGE_TOKENS = 1600
 
@@ -56,8 +59,8 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=True)
 
 
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+def _ceil_div(a: float, b: float) -> int:
+    return math.ceil(a / b)
 
 
 def _strip(block: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def _nested_chars(content: Any) -> int:
             elif item.get("type") == "text" and isinstance(item.get("text"), str):
                 total += len(item["text"])
             elif item.get("type") == "image":
-                total += IMAGE_TOKENS * CHARS_PER_TOKEN
+                total += int(IMAGE_TOKENS * CHARS_PER_TOKEN)
             else:
                 total += len(compact_json(_strip(item)))
         return total
@@ -102,7 +105,7 @@ def block_chars(block: dict[str, Any]) -> int:
     if kind == "tool_result":
         return _nested_chars(block.get("content"))
     if kind == "image":
-        return IMAGE_TOKENS * CHARS_PER_TOKEN
+        return int(IMAGE_TOKENS * CHARS_PER_TOKEN)
     return len(compact_json(_strip(block)))
 
 

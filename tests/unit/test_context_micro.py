@@ -164,7 +164,9 @@ def test_apply_clears_exactly_the_compactable_old_results(
     seen: dict[str, str] = {}
     for i, (old, new) in enumerate(zip(h, out, strict=True)):
         if old.role == ASSISTANT:
-            seen.update((b["id"], b["name"]) for b in old.content if b["type"] == "tool_use")
+            for b in old.content:
+                if b["type"] == "tool_use":
+                    seen.setdefault(b["id"], b["name"])  # the first use of an id counts
         should = [
             b["type"] == "tool_result"
             and watermark is not None
