@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -198,18 +199,21 @@ class RowMaker:
         length: int,
         *,
         boundaries: Sequence[int] = (),
-        branches: int = 0,
+        branch_rows: int = 0,
         start: float = 0.0,
     ) -> SessionRows:
+        """A chain of `length` rows (boundary rows at `boundaries`) and `branch_rows`
+        more rows in side branches forked from random chain nodes."""
         out = SessionRows(uuid.uuid4())
         step = self.rng.uniform(5.0, 120.0)  # seconds between messages of this session
         chain = self._chain(out, length, set(boundaries), start, step)
-        for _ in range(branches):
+        while branch_rows > 0:
+            size = min(branch_rows, self.rng.randint(2, 20))
             fork = self.rng.randrange(len(chain))
-            self._branch(out, chain[fork], start + fork * step + step / 2, step)
+            self._branch(out, chain[fork], size, start + fork * step + step / 2, step)
+            branch_rows -= size
         out.head = chain[-1]
-        last_boundary = max((b for b in boundaries if b < length), default=0)
-        out.api_rows = length - last_boundary
+        out.api_rows = length - max((b for b in boundaries if b < length), default=0)
         out.full_rows = length
         return out
 
@@ -232,10 +236,12 @@ class RowMaker:
             chain.append(parent)
         return chain
 
-    def _branch(self, out: SessionRows, fork: uuid.UUID, start: float, step: float) -> None:
+    def _branch(
+        self, out: SessionRows, fork: uuid.UUID, size: int, start: float, step: float
+    ) -> None:
         parent = fork
         role = self.rng.choice(("user", "assistant"))
-        for i in range(self.rng.randint(2, 20)):
+        for i in range(size):
             content, _ = self._content(role, None)
             parent = self._message(out, parent, role, content, start + i * step / 40)
             role = "assistant" if role == "user" else "user"
@@ -369,23 +375,20 @@ def filler_lengths(rng: random.Random, total: int) -> Iterator[int]:
 
 
 def filler_session(maker: RowMaker, length: int, horizon: float) -> SessionRows:
+    """One filler session of exactly `length` rows; one in five has side branches."""
     rng = maker.rng
-    boundaries = tuple(range(300, length - 20, rng.randint(250, 400))) if length > 400 else ()
-    branch_budget = length // 10
-    branches = rng.randint(1, 3) if length > 20 and rng.random() < 0.2 else 0
-    # Branch rows come on top of `length`; keep the total exact by shortening the chain.
-    extra = min(branches * 11, branch_budget)
-    chain = max(length - extra, 2) if branches else length
-    out = maker.session(chain, boundaries=boundaries, start=rng.uniform(0, horizon))
-    while branches and len(out.rows) < length:
-        before = len(out.rows)
-        fork = rng.randrange(len(out.rows))
-        maker._branch(out, out.rows[fork][1][0], out.rows[fork][0] + 1, 30.0)
-        if len(out.rows) > length:
-            del out.rows[length:]
-        if len(out.rows) == before:
-            break
-    return out
+    branched = length >= 20 and rng.random() < 0.2
+    branch_rows = rng.randint(2, min(40, length // 5)) if branched else 0
+    chain = length - branch_rows
+    boundaries = tuple(range(300, chain - 20, rng.randint(250, 400))) if chain > 400 else ()
+    return maker.session(
+        chain, boundaries=boundaries, branch_rows=branch_rows, start=rng.uniform(0, horizon)
+    )
+
+
+def filler(maker: RowMaker, total: int) -> Iterator[SessionRows]:
+    for length in filler_lengths(maker.rng, total):
+        yield filler_session(maker, length, horizon=86_400.0)
 
 
 # --- loading ---------------------------------------------------------------------------
@@ -415,15 +418,12 @@ async def copy_sessions(conn: asyncpg.Connection, sessions: Sequence[SessionRows
     return len(rows)
 
 
-async def load_filler(
-    conn: asyncpg.Connection, maker: RowMaker, total: int, *, extra: Sequence[SessionRows] = ()
-) -> int:
-    """`total` rows of filler sessions (plus `extra`, mixed into the first wave)."""
-    lengths = list(filler_lengths(maker.rng, total - sum(len(s.rows) for s in extra)))
+async def copy_waves(conn: asyncpg.Connection, sessions: Iterable[SessionRows]) -> int:
+    """COPY sessions in waves; the rows of a wave are interleaved by write time."""
     written = 0
-    wave: list[SessionRows] = list(extra)
-    for length in lengths:
-        wave.append(filler_session(maker, length, horizon=86_400.0))
+    wave: list[SessionRows] = []
+    for session in sessions:
+        wave.append(session)
         if len(wave) >= WAVE_SESSIONS:
             written += await copy_sessions(conn, wave)
             wave = []
@@ -453,7 +453,6 @@ async def count_rows(url: str) -> int:
 class Dataset:
     measured: SessionRows
     long: SessionRows
-    seed_rows: int
     small_rows: int = 0
     large_rows: int = 0
     load_seconds: dict[str, float] = field(default_factory=dict)
@@ -461,25 +460,26 @@ class Dataset:
 
 async def build(small_url: str, large_url: str, sizes: Sizes) -> Dataset:
     pool = ContentPool()
-    maker = RowMaker(pool, seed=11)
-    measured = maker.session(sizes.chain, boundaries=sizes.boundaries, branches=3, start=3600.0)
-    seed_filler = sizes.small_rows - len(measured.rows)
-    first = RowMaker(pool, seed=12)
-    for url in (small_url, large_url):  # the same first rows in both databases
-        first.rng.seed(12)
+    measured = RowMaker(pool, seed=11).session(
+        sizes.chain, boundaries=sizes.boundaries, branch_rows=40, start=3600.0
+    )
+    seed = [measured, *filler(RowMaker(pool, seed=12), sizes.small_rows - len(measured.rows))]
+    data = Dataset(measured, measured)
+    for url in (small_url, large_url):  # the very same first rows in both databases
         with Timer() as t:
             async with loader(url) as conn:
-                await load_filler(conn, first, sizes.small_rows, extra=[measured])
+                await copy_waves(conn, seed)
         print(f"loaded {sizes.small_rows:,} rows into {url.rsplit('/', 1)[-1]} in {t.seconds:.1f}s")
-    long = RowMaker(pool, seed=13).session(
+    data.long = RowMaker(pool, seed=13).session(
         sizes.long_chain, boundaries=sizes.long_boundaries, start=7200.0
     )
     grow = sizes.large_rows - sizes.small_rows
     with Timer() as t:
         async with loader(large_url) as conn:
-            await load_filler(conn, RowMaker(pool, seed=14), grow, extra=[long])
+            rest = filler(RowMaker(pool, seed=14), grow - len(data.long.rows))
+            await copy_waves(conn, itertools.chain([data.long], rest))
+    data.load_seconds["grow"] = t.seconds
     print(f"grew {LARGE_DB} by {grow:,} rows (COPY) in {t.seconds:.1f}s", flush=True)
-    data = Dataset(measured, long, seed_filler, load_seconds={"grow": t.seconds})
     with Timer() as t:
         await asyncio.gather(analyze(small_url), analyze(large_url))
     data.load_seconds["vacuum_analyze"] = t.seconds
@@ -576,25 +576,55 @@ def report_main(pairs: Sequence[tuple[Target, Target]], data: Dataset) -> list[d
     for small, large in pairs:
         a, b = median(small.times), median(large.times)
         r = ratio(b, a)
-        rows.append([small.label, small.expected, ms(a), ms(b), f"{r:.2f}", verdict(r, TARGET_RATIO)])
-        out.append({"view": small.label, "rows": small.expected, "small_ms": a * 1000,
-                    "large_ms": b * 1000, "ratio": r})
-    print(table(["view", "rows", f"{data.small_rows:,}", f"{data.large_rows:,}", "ratio",
-                 "target"], rows))
+        rows.append(
+            [small.label, small.expected, ms(a), ms(b), f"{r:.2f}", verdict(r, TARGET_RATIO)]
+        )
+        out.append(
+            {
+                "view": small.label,
+                "rows": small.expected,
+                "small_ms": a * 1000,
+                "large_ms": b * 1000,
+                "ratio": r,
+            }
+        )
+    print(
+        table(
+            ["view", "rows", f"{data.small_rows:,}", f"{data.large_rows:,}", "ratio", "target"],
+            rows,
+        )
+    )
     return out
 
 
 def report_long(longs: Sequence[Target], bases: Sequence[Target]) -> list[dict[str, Any]]:
-    section(f"chain_rows on a {longs[0].expected if longs else 0:,}-message chain "
-            "(large table; per-row cost vs the 1,000-message chain)")
+    section(
+        f"chain_rows on a {longs[0].expected if longs else 0:,}-message chain "
+        "(large table; per-row cost vs the 1,000-message chain)"
+    )
     rows, out = [], []
     for long, base in zip(longs, bases, strict=True):
         t, per_row = median(long.times), median(long.times) / long.expected
         base_row = median(base.times) / base.expected
-        rows.append([long.label, long.expected, ms(t), f"{per_row * 1e6:.1f}",
-                     f"{base_row * 1e6:.1f}", f"{ratio(per_row, base_row):.2f}"])
-        out.append({"view": long.label, "rows": long.expected, "ms": t * 1000,
-                    "us_per_row": per_row * 1e6, "us_per_row_1k": base_row * 1e6})
+        rows.append(
+            [
+                long.label,
+                long.expected,
+                ms(t),
+                f"{per_row * 1e6:.1f}",
+                f"{base_row * 1e6:.1f}",
+                f"{ratio(per_row, base_row):.2f}",
+            ]
+        )
+        out.append(
+            {
+                "view": long.label,
+                "rows": long.expected,
+                "ms": t * 1000,
+                "us_per_row": per_row * 1e6,
+                "us_per_row_1k": base_row * 1e6,
+            }
+        )
     print(table(["view", "rows", "ms", "us/row", "us/row (1k chain)", "per-row ratio"], rows))
     return out
 
@@ -612,12 +642,14 @@ def report_plan(title: str, lines: Sequence[str]) -> dict[str, Any]:
 
 
 async def run(sizes: Sizes, *, keep: bool, save: bool) -> int:
-    async with scratch_database(SMALL_DB, keep=keep) as small_url, scratch_database(
-        LARGE_DB, keep=keep
-    ) as large_url:
+    async with (
+        scratch_database(SMALL_DB, keep=keep) as small_url,
+        scratch_database(LARGE_DB, keep=keep) as large_url,
+    ):
         small_engine, large_engine = engine_for(small_url), engine_for(large_url)
         try:
-            await asyncio.gather(upgrade(small_engine), upgrade(large_engine))
+            await upgrade(small_engine)  # alembic is not re-entrant: one at a time
+            await upgrade(large_engine)
             data = await build(small_url, large_url, sizes)
             return await measure_and_report(small_engine, large_engine, data, sizes, save)
         finally:
@@ -631,12 +663,17 @@ async def measure_and_report(
     small = async_sessionmaker(small_engine, expire_on_commit=False)
     large = async_sessionmaker(large_engine, expire_on_commit=False)
     m, long = data.measured, data.long
-    assert m.head is not None and long.head is not None
+    assert m.head is not None
+    assert long.head is not None
     pairs = [
-        (Target("api (full=False)", small, m.head, False, m.api_rows),
-         Target("api (full=False)", large, m.head, False, m.api_rows)),
-        (Target("full (full=True)", small, m.head, True, m.full_rows),
-         Target("full (full=True)", large, m.head, True, m.full_rows)),
+        (
+            Target("api (full=False)", small, m.head, False, m.api_rows),
+            Target("api (full=False)", large, m.head, False, m.api_rows),
+        ),
+        (
+            Target("full (full=True)", small, m.head, True, m.full_rows),
+            Target("full (full=True)", large, m.head, True, m.full_rows),
+        ),
     ]
     longs = [
         Target("api (full=False)", large, long.head, False, long.api_rows),
@@ -644,18 +681,27 @@ async def measure_and_report(
     ]
     await measure([t for pair in pairs for t in pair], sizes.reps)
     await measure(longs, sizes.long_reps, warmup=1)
-    results: dict[str, Any] = {"sizes": sizes.__dict__, "load_seconds": data.load_seconds,
-                               "rows": {"small": data.small_rows, "large": data.large_rows}}
+    results: dict[str, Any] = {
+        "sizes": sizes.__dict__,
+        "load_seconds": data.load_seconds,
+        "rows": {"small": data.small_rows, "large": data.large_rows},
+    }
     results["chain"] = report_main(pairs, data)
     results["long_chain"] = report_long(longs, [large for _, large in pairs])
     section("query plans (large table)")
     plans = [
-        report_plan(f"{m.full_rows:,}-chain, api view, {data.large_rows:,} rows",
-                    await explain(large_engine, m.head, full=False)),
-        report_plan(f"{m.full_rows:,}-chain, full view, {data.large_rows:,} rows",
-                    await explain(large_engine, m.head, full=True)),
-        report_plan(f"{m.full_rows:,}-chain, full view, {data.small_rows:,} rows",
-                    await explain(small_engine, m.head, full=True)),
+        report_plan(
+            f"{m.full_rows:,}-chain, api view, {data.large_rows:,} rows",
+            await explain(large_engine, m.head, full=False),
+        ),
+        report_plan(
+            f"{m.full_rows:,}-chain, full view, {data.large_rows:,} rows",
+            await explain(large_engine, m.head, full=True),
+        ),
+        report_plan(
+            f"{m.full_rows:,}-chain, full view, {data.small_rows:,} rows",
+            await explain(small_engine, m.head, full=True),
+        ),
     ]
     results["plans"] = plans
     if save:
@@ -666,8 +712,11 @@ async def measure_and_report(
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench chain_load", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m bench chain_load",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--quick", action="store_true", help="small tables, a smoke run")
     parser.add_argument("--rows", type=int, help="rows of the large table (1,000,000)")
     parser.add_argument("--reps", type=int, help="timed repetitions per case (21)")

@@ -143,7 +143,7 @@ def save_results(name: str, data: dict[str, Any]) -> Path:
 
 # --- realistic text --------------------------------------------------------------------
 
-_WORDS = (
+_WORD_TEXT = (
     "the a of to and in is that for it with as on this be are by from or an at not "
     "function value request session message chain database query index table row column "
     "server client stream event token model cache prompt context summary branch parent "
@@ -154,7 +154,8 @@ _WORDS = (
     "should would could might will can must need want make take give find keep move "
     "first last next previous new old small large fast slow simple clear exact careful "
     "because when while after before since until unless although however therefore"
-).split()
+)
+_WORDS = _WORD_TEXT.split(" ")
 _CODE = (
     "def load(path: str) -> bytes:\n    with open(path, 'rb') as f:\n        return f.read()\n",
     "SELECT uuid, parent_uuid FROM messages WHERE session_id = $1 ORDER BY seq;\n",

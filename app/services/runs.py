@@ -139,6 +139,7 @@ class RunManager:
         self.tasks: dict[uuid.UUID, asyncio.Task[None]] = {}
         self._settled: dict[uuid.UUID, asyncio.Event] = {}
         self._cancel_reasons: dict[uuid.UUID, str] = {}
+        self._background: set[asyncio.Task[Any]] = set()
 
     @property
     def settings(self) -> Any:
@@ -280,6 +281,21 @@ class RunManager:
                 settled.set()
         if session_id is not None and not self.rt.shutting_down.is_set():
             await self.start_next_queued(session_id)
+            self._in_background(self._collapse(session_id))
+
+    def _in_background(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _collapse(self, session_id: uuid.UUID) -> None:
+        """Context collapse: summarise older finished spans after a run (never blocks one)."""
+        from app.services.compaction import collapse_spans
+
+        try:
+            await collapse_spans(self.rt, session_id)
+        except Exception:
+            log.exception("context collapse failed for session %s", session_id)
 
     async def start_next_queued(self, session_id: uuid.UUID) -> uuid.UUID | None:
         """Claim the oldest queued run of an idle session; its user message is stored
@@ -513,6 +529,8 @@ class RunManager:
 
     async def shutdown(self) -> None:
         """Give running turns a moment to finish, then stop them as interrupted."""
+        for task in self._background:
+            task.cancel()
         grace = self.settings.shutdown_grace_seconds
         pending = [task for task in self.tasks.values() if not task.done()]
         if pending:

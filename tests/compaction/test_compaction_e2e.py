@@ -222,3 +222,43 @@ async def test_context_report(live_fake: LiveServer, fake: FakeAnthropic) -> Non
         assert 0 < report["percent_used"] < 100
         assert report["estimated_tokens"] > 0
         assert report["last_compaction"] is None
+
+
+async def test_context_collapse_projects_finished_spans(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    import asyncio
+
+    from app.services.compaction import COLLAPSE_INSTRUCTION
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        if COLLAPSE_INSTRUCTION in last_user_text(body):
+            return items.message("Read a file and reported on it.")
+        return agent_responder(body)
+
+    fake.responder = responder
+    async with live_fake.client() as client:
+        sid = await new_session(client, builtin_tools=["Read"], compaction={
+            "threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False})
+        await seed_files(client, sid)
+        for i in range(8):
+            body = (await client.post(f"/sessions/{sid}/messages",
+                                      json={"content": f"turn {i}"})).json()
+            assert body["run"]["status"] == "completed"
+            await asyncio.sleep(0.3)  # the collapse job runs after each run
+        collapse_calls = [r for r in fake.requests if COLLAPSE_INSTRUCTION in last_user_text(r)]
+        assert collapse_calls
+        shown = [r for r in fake.requests
+                 if "[Summary of earlier work: Read a file" in str(r["messages"])]
+        assert shown, "a collapsed span should have been sent in place of its messages"
+        api_view = await messages(client, sid, view="api")
+        collapsed = [m for m in api_view if m["subtype"] == "collapsed"]
+        assert collapsed
+        assert collapsed[0]["content"][0]["text"].startswith("[Summary of earlier work")
+        full = await messages(client, sid, view="full")
+        assert not [m for m in full if m["subtype"] == "collapsed"]
+        assert len(full) > len(api_view)
+        tree = (await client.get(f"/sessions/{sid}/tree", params={"limit": 1000})).json()["data"]
+        assert not [n for n in tree if n["subtype"] == "compact_boundary"]
+        await assert_next_request_valid(client, sid)
+    all_accepted(fake)
