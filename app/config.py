@@ -107,6 +107,19 @@ class Settings(BaseSettings):
     compaction_model: str | None = None
     compaction_webhook_url: str | None = None
 
+    @field_validator(
+        "anthropic_api_key",
+        "anthropic_base_url",
+        "model_provider",
+        "compaction_model",
+        "compaction_webhook_url",
+        mode="before",
+    )
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Compose and shells pass unset variables as "": treat that as not given.
+        return None if isinstance(value, str) and not value.strip() else value
+
     @field_validator("api_keys", "cors_origins", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-import uuid
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -191,7 +191,7 @@ class ContextSummary(BaseModel):
 
 
 class SessionOut(BaseModel):
-    id: uuid.UUID
+    id: UUID
     title: str | None
     model: str
     system: SystemPrompt | None
@@ -201,7 +201,7 @@ class SessionOut(BaseModel):
     thinking: dict[str, Any] | None
     compaction: EffectiveCompaction
     status: Literal["idle", "running", "requires_action"]
-    head_uuid: uuid.UUID | None
+    head_uuid: UUID | None
     created_at: datetime
     updated_at: datetime
     metadata: dict[str, Any]
@@ -213,9 +213,9 @@ class SessionOut(BaseModel):
 
 
 class MessageOut(BaseModel):
-    uuid: uuid.UUID
-    parent_uuid: uuid.UUID | None
-    logical_parent_uuid: uuid.UUID | None
+    uuid: UUID
+    parent_uuid: UUID | None
+    logical_parent_uuid: UUID | None
     type: str
     subtype: str | None
     role: str | None
@@ -224,15 +224,15 @@ class MessageOut(BaseModel):
     stop_reason: str | None
     usage: dict[str, Any] | None
     is_meta: bool
-    copied_from: uuid.UUID | None
+    copied_from: UUID | None
     created_at: datetime
     metadata: dict[str, Any] | None = None
 
 
 class TreeNode(BaseModel):
-    uuid: uuid.UUID
-    parent_uuid: uuid.UUID | None
-    logical_parent_uuid: uuid.UUID | None
+    uuid: UUID
+    parent_uuid: UUID | None
+    logical_parent_uuid: UUID | None
     type: str
     subtype: str | None
     role: str | None
@@ -241,19 +241,19 @@ class TreeNode(BaseModel):
 
 
 class HeadIn(StrictModel):
-    uuid: uuid.UUID
+    uuid: UUID
 
 
 class ForkIn(StrictModel):
-    at_uuid: uuid.UUID | None = None
+    at_uuid: UUID | None = None
 
 
 class SnipIn(StrictModel):
-    uuids: list[uuid.UUID] = Field(min_length=1, max_length=1000)
+    uuids: list[UUID] = Field(min_length=1, max_length=1000)
 
 
 class SnipOut(BaseModel):
-    snipped: list[uuid.UUID]
+    snipped: list[UUID]
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -274,7 +274,7 @@ class DeliveryMode(StrictModel):
 
 class TurnIn(DeliveryMode):
     content: UserContent
-    parent_uuid: uuid.UUID | None = None
+    parent_uuid: UUID | None = None
     if_busy: IfBusy = "reject"
 
     @field_validator("content")
@@ -316,11 +316,11 @@ class RequiredAction(BaseModel):
 
 
 class RunOut(BaseModel):
-    id: uuid.UUID
-    session_id: uuid.UUID
+    id: UUID
+    session_id: UUID
     kind: Literal["turn", "compact"]
     status: Literal["queued", "running", "requires_action", "completed", "failed", "cancelled"]
-    user_message_uuid: uuid.UUID | None
+    user_message_uuid: UUID | None
     required_action: RequiredAction | None
     usage: Usage
     error: RunError | None
@@ -335,8 +335,8 @@ class TurnResult(BaseModel):
 
 class CompactResult(BaseModel):
     run: RunOut
-    boundary_uuid: uuid.UUID | None
-    summary_uuid: uuid.UUID | None
+    boundary_uuid: UUID | None
+    summary_uuid: UUID | None
     summary: str | None
     pre_tokens: int
     post_tokens: int

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -407,28 +406,52 @@ async def loader(url: str) -> AsyncIterator[asyncpg.Connection]:
         await conn.close()
 
 
-async def copy_sessions(conn: asyncpg.Connection, sessions: Sequence[SessionRows]) -> int:
-    await conn.copy_records_to_table(
-        "agent_sessions", records=[session_record(s) for s in sessions], columns=SESSION_COLUMNS
-    )
-    rows = sorted((r for s in sessions for r in s.rows), key=lambda item: item[0])
-    await conn.copy_records_to_table(
-        "messages", records=[row for _, row in rows], columns=MESSAGE_COLUMNS
-    )
+def interleave(rows: list[Any], extra: Sequence[Any]) -> list[Any]:
+    """`rows` with `extra` spread evenly among them (each list keeps its order)."""
+    if not extra:
+        return rows
+    out: list[Any] = []
+    step = len(rows) / len(extra)
+    start = 0
+    for j, row in enumerate(extra):
+        stop = int((j + 0.5) * step)
+        out.extend(rows[start:stop])
+        out.append(row)
+        start = stop
+    out.extend(rows[start:])
+    return out
+
+
+async def copy_sessions(
+    conn: asyncpg.Connection, sessions: Sequence[SessionRows], extra: Sequence[Any] = ()
+) -> int:
+    """COPY sessions (and `extra` message rows of a session copied earlier)."""
+    if sessions:
+        records = [session_record(s) for s in sessions]
+        await conn.copy_records_to_table("agent_sessions", records=records, columns=SESSION_COLUMNS)
+    timed = sorted((r for s in sessions for r in s.rows), key=lambda item: item[0])
+    rows = interleave([row for _, row in timed], extra)
+    await conn.copy_records_to_table("messages", records=rows, columns=MESSAGE_COLUMNS)
     return len(rows)
 
 
-async def copy_waves(conn: asyncpg.Connection, sessions: Iterable[SessionRows]) -> int:
-    """COPY sessions in waves; the rows of a wave are interleaved by write time."""
+async def copy_waves(
+    conn: asyncpg.Connection, sessions: Sequence[SessionRows], spread: SessionRows | None = None
+) -> int:
+    """COPY sessions in waves of WAVE_SESSIONS whose rows are interleaved by write time,
+    as concurrent sessions write them. The rows of `spread` (a long-lived session) are
+    split over all the waves, so its chain is scattered over the whole table."""
+    waves = [sessions[i : i + WAVE_SESSIONS] for i in range(0, len(sessions), WAVE_SESSIONS)]
+    spread_rows = [row for _, row in spread.rows] if spread else []
+    per_wave = -(-len(spread_rows) // max(len(waves), 1))
     written = 0
-    wave: list[SessionRows] = []
-    for session in sessions:
-        wave.append(session)
-        if len(wave) >= WAVE_SESSIONS:
-            written += await copy_sessions(conn, wave)
-            wave = []
-    if wave:
-        written += await copy_sessions(conn, wave)
+    if spread is not None:
+        await conn.copy_records_to_table(
+            "agent_sessions", records=[session_record(spread)], columns=SESSION_COLUMNS
+        )
+    for i, wave in enumerate(waves or [[]]):
+        extra = spread_rows[i * per_wave : (i + 1) * per_wave]
+        written += await copy_sessions(conn, wave, extra)
     return written
 
 
@@ -441,10 +464,22 @@ async def analyze(url: str) -> None:
         await conn.close()
 
 
-async def count_rows(url: str) -> int:
+async def describe(url: str) -> dict[str, Any]:
+    """Rows, sessions, average content size and on-disk size of the messages table."""
     conn = await asyncpg.connect(plain_dsn(url))
     try:
-        return int(await conn.fetchval("SELECT count(*) FROM messages"))
+        row = await conn.fetchrow(
+            "SELECT count(*) AS rows, count(DISTINCT session_id) AS sessions,"
+            " avg(octet_length(content::text)) FILTER (WHERE role IS NOT NULL) AS avg_chars,"
+            " pg_total_relation_size('messages') AS bytes FROM messages"
+        )
+        assert row is not None
+        return {
+            "rows": int(row["rows"]),
+            "sessions": int(row["sessions"]),
+            "avg_content_chars": round(float(row["avg_chars"] or 0)),
+            "table_mb": round(int(row["bytes"]) / 2**20),
+        }
     finally:
         await conn.close()
 
@@ -456,6 +491,7 @@ class Dataset:
     small_rows: int = 0
     large_rows: int = 0
     load_seconds: dict[str, float] = field(default_factory=dict)
+    tables: dict[str, Any] = field(default_factory=dict)
 
 
 async def build(small_url: str, large_url: str, sizes: Sizes) -> Dataset:
@@ -476,17 +512,22 @@ async def build(small_url: str, large_url: str, sizes: Sizes) -> Dataset:
     grow = sizes.large_rows - sizes.small_rows
     with Timer() as t:
         async with loader(large_url) as conn:
-            rest = filler(RowMaker(pool, seed=14), grow - len(data.long.rows))
-            await copy_waves(conn, itertools.chain([data.long], rest))
+            rest = list(filler(RowMaker(pool, seed=14), grow - len(data.long.rows)))
+            await copy_waves(conn, rest, spread=data.long)
     data.load_seconds["grow"] = t.seconds
     print(f"grew {LARGE_DB} by {grow:,} rows (COPY) in {t.seconds:.1f}s", flush=True)
     with Timer() as t:
         await asyncio.gather(analyze(small_url), analyze(large_url))
     data.load_seconds["vacuum_analyze"] = t.seconds
     print(f"VACUUM ANALYZE in {t.seconds:.1f}s", flush=True)
-    data.small_rows, data.large_rows = await asyncio.gather(
-        count_rows(small_url), count_rows(large_url)
-    )
+    small, large = await asyncio.gather(describe(small_url), describe(large_url))
+    data.small_rows, data.large_rows = small["rows"], large["rows"]
+    data.tables = {"small": small, "large": large}
+    for name, info in data.tables.items():
+        print(
+            f"{name}: {info['rows']:,} messages in {info['sessions']:,} sessions, "
+            f"content {info['avg_content_chars']:,} chars on average, {info['table_mb']:,} MB"
+        )
     return data
 
 
@@ -684,7 +725,7 @@ async def measure_and_report(
     results: dict[str, Any] = {
         "sizes": sizes.__dict__,
         "load_seconds": data.load_seconds,
-        "rows": {"small": data.small_rows, "large": data.large_rows},
+        "tables": data.tables,
     }
     results["chain"] = report_main(pairs, data)
     results["long_chain"] = report_long(longs, [large for _, large in pairs])

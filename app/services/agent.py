@@ -460,7 +460,7 @@ class TurnRunner:
                     state={**self.state, "model_calls": self.model_calls},
                 )
             )
-        if result.rowcount == 0:  # type: ignore[attr-defined]
+        if result.rowcount == 0:
             return False
         metrics.runs_total.labels(self.kind, status).inc()
         await self.emit_run(f"run.{status}")
@@ -557,4 +557,5 @@ async def execute(rt: Any, run_id: uuid.UUID) -> uuid.UUID | None:
         )
     finally:
         await rt.events.close(run_id)
-    return session.id
+    session_id: uuid.UUID = session.id
+    return session_id

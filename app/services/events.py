@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,7 +196,7 @@ class EventHub:
         *,
         is_active: Callable[[], Awaitable[bool]],
         poll_seconds: float = 1.0,
-    ) -> AsyncIterator[StoredEvent]:
+    ) -> AsyncGenerator[StoredEvent, None]:
         """Every event after `after`, in order and without gaps: the stored ones first,
         then live ones, until the run ends or pauses for client tools."""
         last = after

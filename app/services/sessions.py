@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -116,7 +117,7 @@ def default_max_tokens(model: str) -> int:
     return min(model_info(model).max_output_tokens, 16_000)
 
 
-def check_tool_names(tools: list[dict[str, Any]], builtin: list[str]) -> None:
+def check_tool_names(tools: list[dict[str, Any]], builtin: Sequence[str]) -> None:
     clash = {tool["name"] for tool in tools} & set(builtin)
     if clash:
         raise Invalid(f"client tools clash with built-in tools: {sorted(clash)}")
@@ -267,7 +268,7 @@ async def to_out(
         max_tokens=session.max_tokens,
         thinking=session.thinking,
         compaction=limits.compaction,
-        status=status,  # type: ignore[arg-type]
+        status=status,
         head_uuid=session.head_uuid,
         created_at=session.created_at,
         updated_at=session.updated_at,

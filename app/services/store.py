@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Row, func, insert, literal, select, update
+from sqlalchemy import Row, Table, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.tokens import estimate_content
@@ -29,7 +29,7 @@ from app.models import (
     utcnow,
 )
 
-messages_t = Message.__table__
+messages_t = cast(Table, Message.__table__)
 MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never reached
 
 
@@ -199,7 +199,7 @@ async def set_head(db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | No
 
 async def tree_page(
     db: AsyncSession, session_id: uuid.UUID, *, after_seq: int, limit: int
-) -> Sequence[Row[Any]]:
+) -> list[Any]:
     m = messages_t
     result = await db.execute(
         select(
@@ -217,7 +217,7 @@ async def tree_page(
         .order_by(m.c.seq)
         .limit(limit)
     )
-    return result.all()
+    return list(result)
 
 
 async def snipped_uuids(db: AsyncSession, session_id: uuid.UUID) -> set[str]:

@@ -10,13 +10,14 @@ Import reads such a file into a new session:
   `isSidechain` line (subagent transcripts) is skipped; a kept line whose parent was
   skipped hangs under that line's nearest kept ancestor, so the tree stays connected.
 - Claude Code writes one line per content block of a streamed response, chained by
-  parentUuid and sharing `message.id`: those lines become one message. With parallel
-  tool calls it often writes the result of the first tool before the next tool_use
-  block (assistant A1, user R1, assistant A2, user R2, A1 and A2 one response): the
-  merged message keeps every block, and the children of a later block line hang under
-  the chain tip it followed (R1), so R1 and R2 both stay on the chain, in order.
+  parentUuid and sharing `message.id`: those lines become one message. Its tool results
+  are written one line each, under the line of their own tool_use (so siblings), or
+  even between two block lines of the response (A1, R1, A2, R2): they are chained one
+  under the other after the merged message, in file order, so that no result falls off
+  the chain (see `_TreeBuilder`).
 - Every node gets a fresh uuid, the source one kept as `metadata.source_uuid`, so a
-  file can be imported twice; `seq` follows file order; the head is the last kept line.
+  file can be imported twice; `seq` follows file order; the head is where the file's
+  last kept line sits.
 
 The whole file must be read before anything is inserted (a parent may come after its
 child), so each line is reduced at once to the few fields that will be stored.
@@ -29,15 +30,15 @@ import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert
+from sqlalchemy import Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY
 from app.errors import Invalid
-from app.models import AgentSession, utcnow
-from app.services.store import chain_rows, messages_t, new_row
+from app.models import AgentSession, Message, utcnow
+from app.services.store import chain_rows, new_row
 
 BOUNDARY_TEXT = "Conversation compacted"  # what Claude Code writes on its boundary lines
 SYNTHETIC_MODEL = "<synthetic>"  # Claude Code's model name for locally made replies
@@ -46,6 +47,8 @@ EXPORT_BATCH = 64  # lines per streamed chunk
 MERGE_SEARCH_DEPTH = 64  # how far up a response's earlier lines are looked for
 MAX_SUBTYPE = 64  # the column's length
 MAX_MODEL = 200
+# The Core table: SQLAlchemy types `__table__` as a FromClause, which insert() refuses.
+MESSAGES = cast(Table, Message.__table__)
 
 # --- export ----------------------------------------------------------------------------
 
@@ -347,7 +350,8 @@ async def read_transcript(chunks: AsyncIterable[bytes]) -> Transcript:
         transcript.feed(number, raw)
     if not transcript.lines:
         raise Invalid(
-            "The transcript holds no user or assistant message",
+            "The transcript holds no user or assistant message (sidechain lines, such as "
+            "a subagent's file, are skipped)",
             errors=[{"loc": ["body"], "msg": "no messages", "type": "value_error"}],
         )
     return transcript
@@ -389,7 +393,6 @@ def _topological(deps: list[tuple[int | None, int | None]]) -> list[int]:
     caller, who sees the late parent missing and makes the line a root."""
     if all(all(d is None or d < i for d in pair) for i, pair in enumerate(deps)):
         return list(range(len(deps)))  # the usual file: every parent comes first
-    done = [False] * len(deps)
     entered = [False] * len(deps)
     order: list[int] = []
     for root in range(len(deps)):
@@ -397,7 +400,6 @@ def _topological(deps: list[tuple[int | None, int | None]]) -> list[int]:
         while stack:
             i, expanded = stack.pop()
             if expanded:
-                done[i] = True
                 order.append(i)
             elif not entered[i]:
                 entered[i] = True
@@ -523,8 +525,17 @@ def build_tree(transcript: Transcript) -> tuple[list[Draft], Draft]:
     for pos in _topological(deps):
         parent, logical = deps[pos]
         builder.add(pos, lines[pos], parent, logical)
-    head = builder.drafts[builder.anchor[len(lines) - 1]]
-    return builder.drafts, head
+    return builder.drafts, _head(builder.drafts, builder.anchor[len(lines) - 1])
+
+
+def _head(drafts: list[Draft], last: int) -> Draft:
+    """Where the last line of the file sits; when a parent came after its children that
+    is no leaf, and the leaf written last is the head instead."""
+    parents = {d.parent for d in drafts} | {d.logical_parent for d in drafts}
+    if last not in parents:
+        return drafts[last]
+    leaves = [d for i, d in enumerate(drafts) if i not in parents]
+    return max(leaves, key=lambda d: d.lines[-1].number) if leaves else drafts[last]
 
 
 # --- import: storing -------------------------------------------------------------------
@@ -591,7 +602,7 @@ async def store_tree(
         ]
         # The Core table, not the ORM class: an ORM bulk insert maps keys to attribute
         # names and would drop the `metadata` column (attribute `meta`) silently.
-        await db.execute(insert(messages_t), batch)
+        await db.execute(insert(MESSAGES), batch)
     session.message_seq = len(drafts)
     session.head_uuid = head.uuid
     session.updated_at = utcnow()

@@ -13,10 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
 
 from app.context.normalize import validate_api_messages
+from app.main import create_app
 from app.services import store
+from tests.conftest import TEST_KEY, make_settings
 
 DATA = Path("/work/shared/data/transcripts")
 ENTIRE = DATA / "entireio-cli"
@@ -30,7 +32,7 @@ NDJSON = {"Content-Type": "application/x-ndjson"}
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
-def needs(path: Path) -> Any:
+def needs(path: Path) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not path.exists(), reason=f"{path} is not available")
 
 
@@ -56,7 +58,7 @@ def text(role: str, value: str, **fields: Any) -> dict[str, Any]:
 
 async def seed_compacted(conn: AsyncConnection, sid: str) -> list[uuid.UUID]:
     """user, assistant (tool use), user (result), assistant, boundary, summary, user,
-    meta user: the full chain in order."""
+    meta user, attachment: the full chain in order."""
     u1 = await add(conn, sid, None, **text("user", "hello"))
     use = {"type": "tool_use", "id": "toolu_1", "name": "Read", "input": {"file_path": "a"}}
     a1 = await add(
@@ -89,7 +91,17 @@ async def seed_compacted(conn: AsyncConnection, sid: str) -> list[uuid.UUID]:
     )
     u3 = await add(conn, sid, summary, **text("user", "go on"))
     meta = await add(conn, sid, u3, **text("user", "a reminder", is_meta=True))
-    return [u1, a1, u2, a2, boundary, summary, u3, meta]
+    attached = await add(
+        conn,
+        sid,
+        meta,
+        type="attachment",
+        subtype="file",
+        role="user",
+        content=[{"type": "text", "text": "contents of a"}],
+        is_meta=True,
+    )
+    return [u1, a1, u2, a2, boundary, summary, u3, meta, attached]
 
 
 async def export(api: httpx.AsyncClient, sid: str) -> bytes:
@@ -145,7 +157,7 @@ def jsonl(*lines: dict[str, Any]) -> bytes:
     return "".join(json.dumps(line) + "\n" for line in lines).encode()
 
 
-def user(uid: str, parent: str | None, content: Any, **extra: Any) -> dict[str, Any]:
+def user(uid: str, parent: Any, content: Any, **extra: Any) -> dict[str, Any]:
     return {
         "type": "user",
         "uuid": uid,
@@ -157,7 +169,9 @@ def user(uid: str, parent: str | None, content: Any, **extra: Any) -> dict[str, 
     }
 
 
-def assistant(uid: str, parent: str | None, msg_id: str, *blocks: Any, **extra: Any) -> dict:
+def assistant(
+    uid: str, parent: str | None, msg_id: str, *blocks: Any, **extra: Any
+) -> dict[str, Any]:
     return {
         "type": "assistant",
         "uuid": uid,
@@ -217,25 +231,33 @@ async def test_export_shape(api: httpx.AsyncClient, conn: AsyncConnection) -> No
         assert TIMESTAMP.match(line["timestamp"])
         if line["uuid"] != str(ids[4]):
             assert line["parentUuid"] == (str(parent) if parent else None)
-    first, use, _, _, boundary, summary, after, meta = lines
+    first, use, _, _, boundary, summary, after, meta, attached = lines
     assert first["type"] == "user"
     assert first["message"] == {"role": "user", "content": [{"type": "text", "text": "hello"}]}
     assert use["type"] == "assistant"
     message = use["message"]
-    assert message["role"] == "assistant" and message["type"] == "message"
-    assert message["id"].startswith("msg_") and message["model"] == "claude-sonnet-4-5"
+    assert message["role"] == "assistant"
+    assert message["type"] == "message"
+    assert message["id"].startswith("msg_")
+    assert message["model"] == "claude-sonnet-4-5"
     assert message["stop_reason"] == "tool_use"
     assert message["usage"] == {"input_tokens": 10, "output_tokens": 5}
     assert message["content"][0]["signature"] == "sig"
-    assert boundary["type"] == "system" and boundary["subtype"] == "compact_boundary"
+    assert boundary["type"] == "system"
+    assert boundary["subtype"] == "compact_boundary"
     assert boundary["parentUuid"] is None
     assert boundary["logicalParentUuid"] == str(ids[3])
     assert boundary["content"] == "Conversation compacted"
     assert boundary["compactMetadata"] == {"trigger": "manual", "preTokens": 1234}
     assert "message" not in boundary
-    assert summary["isCompactSummary"] is True and summary["type"] == "user"
-    assert "isCompactSummary" not in after and "isMeta" not in after
+    assert summary["isCompactSummary"] is True
+    assert summary["type"] == "user"
+    assert "isCompactSummary" not in after
+    assert "isMeta" not in after
     assert meta["isMeta"] is True
+    assert attached["type"] == "attachment"
+    assert attached["subtype"] == "file"  # Parley's own, read back on import
+    assert attached["message"]["role"] == "user"
 
 
 async def test_export_of_an_empty_and_an_unknown_session(api: httpx.AsyncClient) -> None:
@@ -271,9 +293,8 @@ async def test_export_import_round_trip(api: httpx.AsyncClient, conn: AsyncConne
     assert boundary["logical_parent_uuid"] == copy[3]["uuid"]
     assert boundary["metadata"]["trigger"] == "manual"
     assert boundary["metadata"]["pre_tokens"] == 1234
-    assert [m["uuid"] for m in copy[1:]] and all(
-        m["parent_uuid"] == p["uuid"] for m, p in zip(copy[5:], copy[4:], strict=False)
-    )
+    parents = [m["parent_uuid"] for m in copy]
+    assert parents == [None, *(m["uuid"] for m in copy[:3]), None, *(m["uuid"] for m in copy[4:-1])]
     api_view = await chain(api, session["id"], view="api")
     assert api_view[0]["subtype"] == "compact_summary"
     assert await next_request_problems(api, session["id"]) == []
@@ -350,7 +371,8 @@ async def test_parallel_tool_calls_merge_and_keep_every_result(api: httpx.AsyncC
     assert [m["role"] for m in full] == ["user", "assistant", *["user"] * 4, "assistant"]
     uses = [b["id"] for b in full[1]["content"] if b["type"] == "tool_use"]
     results = [m["content"][0]["tool_use_id"] for m in full[2:6]]
-    assert len(uses) == 4 and results == uses
+    assert len(uses) == 4
+    assert results == uses
     assert len(full[1]["metadata"]["source_uuids"]) == 5  # thinking + four tool uses
     assert await next_request_problems(api, session["id"]) == []
 
@@ -498,3 +520,77 @@ async def test_import_checks_its_query(api: httpx.AsyncClient) -> None:
     assert session["title"] is None
     default = (await api.post("/sessions", json={})).json()["model"]
     assert session["model"] == default  # no model in the file
+
+
+async def test_a_parent_written_after_its_child(api: httpx.AsyncClient) -> None:
+    body = jsonl(
+        assistant("a1", "u1", "msg_1", {"type": "text", "text": "answer"}),
+        user("u1", None, "question"),
+    )
+    session = await imported(api, body)
+    full = await chain(api, session["id"])
+    assert [m["metadata"]["source_uuid"] for m in full] == ["u1", "a1"]
+    assert session["head_uuid"] == full[-1]["uuid"]
+    # seq follows the file: the tree lists the child first.
+    assert [n["preview"] for n in await tree(api, session["id"])] == ["answer", "question"]
+
+
+async def test_a_parent_cycle_does_not_hang(api: httpx.AsyncClient) -> None:
+    body = jsonl(
+        user("u1", "a1", "question"), assistant("a1", "u1", "m", {"type": "text", "text": "x"})
+    )
+    session = await imported(api, body)
+    nodes = await tree(api, session["id"])
+    assert len(nodes) == 2
+    assert sum(n["parent_uuid"] is None for n in nodes) == 1
+
+
+async def test_a_boundary_naming_an_unwritten_message_covers_what_precedes_it(
+    api: httpx.AsyncClient,
+) -> None:
+    """Seen in real files: the logicalParentUuid of a boundary is in no line."""
+    boundary = {
+        "type": "system",
+        "subtype": "compact_boundary",
+        "uuid": "b1",
+        "parentUuid": None,
+        "logicalParentUuid": "never-written",
+        "content": "Conversation compacted",
+        "compactMetadata": {"trigger": "auto", "preTokens": 170000},
+    }
+    body = jsonl(
+        user("u1", None, "question"),
+        assistant("a1", "u1", "msg_1", {"type": "text", "text": "answer"}),
+        boundary,
+        user("s1", "b1", "summary text", isCompactSummary=True),
+        user("u2", "s1", "next"),
+    )
+    session = await imported(api, body)
+    full = await chain(api, session["id"])
+    assert [m["metadata"]["source_uuid"] for m in full] == ["u1", "a1", "b1", "s1", "u2"]
+    assert full[2]["metadata"]["pre_tokens"] == 170000
+    assert [m["subtype"] for m in await chain(api, session["id"], view="api")] == [
+        "compact_summary",
+        None,
+    ]
+
+
+async def test_the_import_limit_counts_streamed_bytes(
+    database_url: str, conn: AsyncConnection
+) -> None:
+    app = create_app(make_settings(database_url, max_import_bytes=4096))
+    app.state.runtime.db.sessionmaker = async_sessionmaker(
+        bind=conn, expire_on_commit=False, join_transaction_mode="create_savepoint"
+    )
+    body = jsonl(*(user(f"u{i}", f"u{i - 1}" if i else None, "x" * 100) for i in range(100)))
+    transport = httpx.ASGITransport(app=app)
+    headers = {"Authorization": f"Bearer {TEST_KEY}"}
+    async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as c:
+        before = await session_count(c)
+        for content in (body, chunked(body, 1000)):  # declared length, then none
+            response = await import_file(c, content)
+            assert response.status_code == 413
+            assert response.json()["type"] == "payload_too_large"
+        assert (await import_file(c, body[:2000].rsplit(b"\n", 1)[0])).status_code == 201
+        assert await session_count(c) == before + 1
+    await app.state.runtime.db.engine.dispose()

@@ -3,6 +3,7 @@ compaction crossing a small threshold repeatedly, manual and reactive compaction
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from app.context.summary_prompt import SUMMARY_MARKER
@@ -20,7 +21,8 @@ from tests.runs.helpers import (
 
 SUMMARY = (
     "<analysis>scratch thoughts</analysis>\n<summary>\n1. Primary Request and Intent: read files\n"
-    "2. Key Technical Concepts: none\n3. Files and Code Sections: f.txt\n4. Errors and fixes: none\n"
+    "2. Key Technical Concepts: none\n3. Files and Code Sections: f.txt\n"
+    "4. Errors and fixes: none\n"
     "5. Problem Solving: n/a\n6. All user messages: many\n7. Pending Tasks: none\n"
     "8. Current Work: reading\n9. Optional Next Step: continue\n</summary>"
 )
@@ -87,7 +89,7 @@ async def test_micro_compaction_clears_old_results_in_requests(
         # The newest two results are never cleared.
         assert final[-2:] == [False, False]
         # Monotone: once cleared in a request, a result stays cleared in later ones.
-        for before, after in zip(cleared, cleared[1:], strict=False):
+        for before, after in itertools.pairwise(cleared):
             assert all(a for b, a in zip(before, after, strict=False) if b)
         api_view = await messages(client, sid, view="api")
         shown = [
@@ -238,18 +240,25 @@ async def test_context_collapse_projects_finished_spans(
 
     fake.responder = responder
     async with live_fake.client() as client:
-        sid = await new_session(client, builtin_tools=["Read"], compaction={
-            "threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False})
+        sid = await new_session(
+            client,
+            builtin_tools=["Read"],
+            compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False},
+        )
         await seed_files(client, sid)
         for i in range(8):
-            body = (await client.post(f"/sessions/{sid}/messages",
-                                      json={"content": f"turn {i}"})).json()
+            body = (
+                await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i}"})
+            ).json()
             assert body["run"]["status"] == "completed"
             await asyncio.sleep(0.3)  # the collapse job runs after each run
         collapse_calls = [r for r in fake.requests if COLLAPSE_INSTRUCTION in last_user_text(r)]
         assert collapse_calls
-        shown = [r for r in fake.requests
-                 if "[Summary of earlier work: Read a file" in str(r["messages"])]
+        shown = [
+            r
+            for r in fake.requests
+            if "[Summary of earlier work: Read a file" in str(r["messages"])
+        ]
         assert shown, "a collapsed span should have been sent in place of its messages"
         api_view = await messages(client, sid, view="api")
         collapsed = [m for m in api_view if m["subtype"] == "collapsed"]

@@ -26,8 +26,9 @@ async def test_snip_rules_and_effect(live_fake: LiveServer, fake: FakeAnthropic)
         assert "tool_use" in split.json()["detail"]
         first_only = await client.post(f"/sessions/{sid}/snip", json={"uuids": [chain[0]["uuid"]]})
         assert first_only.status_code == 409  # the view would start with the assistant
-        ok = await client.post(f"/sessions/{sid}/snip",
-                               json={"uuids": [chain[0]["uuid"], chain[1]["uuid"]]})
+        ok = await client.post(
+            f"/sessions/{sid}/snip", json={"uuids": [chain[0]["uuid"], chain[1]["uuid"]]}
+        )
         assert ok.status_code == 200, ok.text
         assert ok.json() == {"snipped": [chain[0]["uuid"], chain[1]["uuid"]]}
         pair = await client.post(f"/sessions/{sid}/snip", json={"uuids": [uses, results]})
@@ -43,8 +44,9 @@ async def test_snip_rules_and_effect(live_fake: LiveServer, fake: FakeAnthropic)
         forked = (await client.post(f"/sessions/{sid}/fork", json={})).json()
         forked_view = await messages(client, forked["id"], view="api")
         assert "first question" not in str(forked_view)
-        missing = await client.post(f"/sessions/{sid}/snip",
-                                    json={"uuids": ["00000000-0000-0000-0000-000000000000"]})
+        missing = await client.post(
+            f"/sessions/{sid}/snip", json={"uuids": ["00000000-0000-0000-0000-000000000000"]}
+        )
         assert missing.status_code == 404
         await assert_next_request_valid(client, sid)
     all_accepted(fake)

@@ -16,13 +16,14 @@ changes no count.
 - ``thinking``: ``len(thinking)`` (the signature is free); ``redacted_thinking``: ``len(data)``
 - ``tool_use`` / ``server_tool_use``: ``len(name) + len(compact_json(input))``
 - ``tool_result``: its ``content`` string length, or the sum over its nested blocks
-  (``text`` -> ``len(text)``, ``image`` -> ``IMAGE_TOKENS * CHARS_PER_TOKEN``, others -> compact JSON)
+  (``text`` -> ``len(text)``, ``image`` -> ``IMAGE_TOKENS * CHARS_PER_TOKEN``, others ->
+  compact JSON)
 - ``image``: ``IMAGE_TOKENS * CHARS_PER_TOKEN``
 - a tool definition, or any other block: ``len(compact_json(block without cache_control))``
 
 ``compact_json`` is ``json.dumps(x, separators=(",", ":"), ensure_ascii=False,
-sort_keys=True)``. CHARS_PER_TOKEN is the 2.8 characters per token that real Claude Code transcripts show, so
-the service's estimates relate to these counts as they do to the real API's.
+sort_keys=True)``. CHARS_PER_TOKEN is the 2.8 characters per token of real Claude Code
+transcripts, so the service's estimates relate to these counts as they do to the real API's.
 """
 
 from __future__ import annotations

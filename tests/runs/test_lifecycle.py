@@ -28,8 +28,8 @@ from tests.runs.helpers import (
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
 
 
-async def wait_for(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
+async def wait_for(predicate: Any, seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.05)

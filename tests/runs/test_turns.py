@@ -220,7 +220,8 @@ async def test_idempotency_key(live_fake: LiveServer, fake: FakeAnthropic) -> No
             json={"content": "hi", "stream": True},
             headers=headers,
         )
-        assert replay[0].event == "run.started" and replay[-1].event == "run.completed"
+        assert replay[0].event == "run.started"
+        assert replay[-1].event == "run.completed"
         other = await client.post(
             f"/sessions/{sid}/messages", json={"content": "bye"}, headers=headers
         )

@@ -1,0 +1,148 @@
+"""Child processes of a benchmark: the fake model, Parley and the baseline proxy, each in
+its own process group (stopped by its own id, never by name)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Runs Parley's own entry point under cProfile; the profile is written when uvicorn
+# returns after SIGINT. argv: -c OUTPUT serve-args...
+PROFILE_SNIPPET = (
+    "import cProfile, sys\n"
+    "from app.__main__ import main\n"
+    "out = sys.argv[1]\n"
+    "args = ['serve', *sys.argv[2:]]\n"
+    "cProfile.run('main(args)', out)\n"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Child:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    log: IO[bytes]
+    url: str = ""
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        self.log.flush()
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGINT to the child's process group (graceful for uvicorn), then SIGKILL."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGINT)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                self.popen.wait(timeout=5)
+        self.log.close()
+
+
+def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
+    log_path = log_dir / f"{name}.log"
+    log = log_path.open("wb")
+    popen = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    return Child(name, popen, log_path, log)
+
+
+async def wait_http(child: Child, path: str, timeout: float = 90.0) -> None:
+    """Until GET url+path answers 200 (or the child died, or time ran out)."""
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient(base_url=child.url, timeout=2.0) as client:
+        while time.monotonic() < deadline:
+            if not child.alive():
+                raise RuntimeError(f"{child.name} exited:\n{child.tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(path)).status_code == 200:
+                    return
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"{child.name} did not become ready in {timeout}s:\n{child.tail()}")
+
+
+async def start_fake(log_dir: Path, config: dict[str, Any]) -> Child:
+    port_file = log_dir / "fake.port"
+    port_file.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "tests.fake_anthropic", "--port", "0"]
+    argv += ["--port-file", str(port_file), "--config", json.dumps(config)]
+    child = spawn("fake", argv, log_dir)
+    deadline = time.monotonic() + 30
+    while not port_file.exists():
+        if not child.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the fake did not start:\n{child.tail()}")
+        await asyncio.sleep(0.05)
+    child.url = f"http://127.0.0.1:{int(port_file.read_text())}"
+    return child
+
+
+def parley_env(database_dsn: str, fake_url: str, api_key: str) -> dict[str, str]:
+    return {
+        "DATABASE_URL": database_dsn,
+        "PARLEY_MODEL_PROVIDER": "anthropic",
+        "ANTHROPIC_API_KEY": "x",
+        "ANTHROPIC_BASE_URL": fake_url,
+        "PARLEY_API_KEYS": f"bench:{api_key}",
+        "PARLEY_LOG_LEVEL": "WARNING",
+    }
+
+
+async def start_parley(
+    log_dir: Path, env: dict[str, str], *, profile: Path | None = None
+) -> Child:
+    """`uv run python -m app serve` (or the same entry point under cProfile)."""
+    port = free_port()
+    serve = ["--host", "127.0.0.1", "--port", str(port)]
+    if profile is None:
+        argv = ["uv", "run", "python", "-m", "app", "serve", *serve]
+    else:
+        argv = ["uv", "run", "python", "-c", PROFILE_SNIPPET, str(profile), *serve]
+    child = spawn("parley", argv, log_dir, env)
+    child.url = f"http://127.0.0.1:{port}"
+    await wait_http(child, "/healthz")
+    return child
+
+
+async def start_proxy(log_dir: Path, database_dsn: str, fake_url: str, model: str) -> Child:
+    port = free_port()
+    argv = ["uv", "run", "python", "-m", "bench.baseline_proxy", "--port", str(port)]
+    argv += ["--database-url", database_dsn, "--anthropic-base-url", fake_url, "--model", model]
+    child = spawn("proxy", argv, log_dir)
+    child.url = f"http://127.0.0.1:{port}"
+    await wait_http(child, "/healthz")
+    return child
