@@ -124,7 +124,10 @@ class Proxy:
         which is stored before the model is called."""
         content = [{"type": "text", "text": text}]
         async with self.db.acquire() as conn, conn.transaction():
-            if await conn.fetchval("SELECT 1 FROM proxy_sessions WHERE id = $1", session_id) is None:
+            if (
+                await conn.fetchval("SELECT 1 FROM proxy_sessions WHERE id = $1", session_id)
+                is None
+            ):
                 raise HTTPException(404, f"session {session_id} not found")
             rows = await conn.fetch(
                 "SELECT role, content FROM proxy_messages WHERE session_id = $1 ORDER BY id",

@@ -82,9 +82,9 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     return Child(name, popen, log_path, log)
 
 
-async def wait_http(child: Child, path: str, timeout: float = 90.0) -> None:
+async def wait_http(child: Child, path: str, limit_seconds: float = 90.0) -> None:
     """Until GET url+path answers 200 (or the child died, or time ran out)."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + limit_seconds
     async with httpx.AsyncClient(base_url=child.url, timeout=2.0) as client:
         while time.monotonic() < deadline:
             if not child.alive():
@@ -93,7 +93,7 @@ async def wait_http(child: Child, path: str, timeout: float = 90.0) -> None:
                 if (await client.get(path)).status_code == 200:
                     return
             await asyncio.sleep(0.1)
-    raise RuntimeError(f"{child.name} did not become ready in {timeout}s:\n{child.tail()}")
+    raise RuntimeError(f"{child.name} did not become ready in {limit_seconds}s:\n{child.tail()}")
 
 
 async def start_fake(log_dir: Path, config: dict[str, Any]) -> Child:
@@ -122,9 +122,7 @@ def parley_env(database_dsn: str, fake_url: str, api_key: str) -> dict[str, str]
     }
 
 
-async def start_parley(
-    log_dir: Path, env: dict[str, str], *, profile: Path | None = None
-) -> Child:
+async def start_parley(log_dir: Path, env: dict[str, str], *, profile: Path | None = None) -> Child:
     """`uv run python -m app serve` (or the same entry point under cProfile)."""
     port = free_port()
     serve = ["--host", "127.0.0.1", "--port", str(port)]

@@ -247,10 +247,9 @@ class EventHub:
                         return
                 if not fresh:
                     if not await is_active():
-                        # The run ended without a final event we have not seen: re-check once.
-                        tail = await self.stored(run_id, last)
-                        for event in tail:
-                            last = event.seq
+                        # The status is committed just before the final event is stored:
+                        # give that event a moment to land, then stop.
+                        async for event in self._tail(run_id, last):
                             yield event
                         return
                     if run_id in self.channels:  # it (re)started here meanwhile
@@ -270,6 +269,20 @@ class EventHub:
                 waiters.discard(wakeup)
                 if not waiters:
                     self._remote_wakeups.pop(run_id, None)
+
+    async def _tail(
+        self, run_id: uuid.UUID, last: int, wait_seconds: float = 5.0
+    ) -> AsyncGenerator[StoredEvent, None]:
+        deadline = asyncio.get_running_loop().time() + wait_seconds
+        while True:
+            for event in await self.stored(run_id, last):
+                last = event.seq
+                yield event
+                if event.event in TERMINAL_EVENTS:
+                    return
+            if asyncio.get_running_loop().time() > deadline:
+                return
+            await asyncio.sleep(0.05)
 
     async def _stops(
         self,

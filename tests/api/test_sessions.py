@@ -62,8 +62,11 @@ async def test_invalid_bodies_are_422_and_change_nothing(api: httpx.AsyncClient)
     cases = [
         {"builtin_tools": ["Bash"]},
         {"max_tokens": 0},
-        {"thinking": {"type": "enabled", "budget_tokens": 2000}, "max_tokens": 1500,
-         "model": "claude-opus-4-1"},
+        {
+            "thinking": {"type": "enabled", "budget_tokens": 2000},
+            "max_tokens": 1500,
+            "model": "claude-opus-4-1",
+        },
         {"thinking": {"type": "enabled", "budget_tokens": 2000}},  # Claude 5: adaptive only
         {"thinking": {"type": "adaptive", "budget_tokens": 2000}},
         {"thinking": {"type": "enabled"}},

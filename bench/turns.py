@@ -1,0 +1,729 @@
+"""Issue 3: what a turn through Parley costs beyond the model, next to a bare proxy.
+
+Three processes besides this one: the fake Anthropic API (zero latency, loopback),
+Parley (`python -m app serve`, its own scratch database) and `bench.baseline_proxy`
+(FastAPI + sse-starlette + asyncpg, its own scratch database). Three measurements:
+
+1. Time to the first text delta (TTFT) through Parley (SSE), through the proxy (SSE)
+   and from the fake called directly with the SDK, interleaved in one run (rounds of
+   A, B, C in rotating order), at concurrency 1 and 10 (10 clients, one session each,
+   all ten turns of a round sent at once). Added latency = percentile of the service
+   minus the same percentile of the direct calls.
+2. Per-turn time in wait mode (request to response) with a history of 10, 1,000 and
+   10,000 messages seeded straight into both databases, interleaved the same way.
+3. Prompt cache: a 30-turn session where every turn reads a workspace file with the
+   Read tool and then answers; the share of input tokens read from the cache on turns
+   2..30, summed from the usage the fake reports.
+
+    uv run python -m bench turns [--quick] [--only ttft,sizes,cache] [--profile-parley F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anthropic
+import asyncpg
+import httpx
+
+from app.config import Settings
+from app.db import Database, make_engine
+from app.services import store
+from app.services.migrations import upgrade
+from bench.common import (
+    TextFactory,
+    median,
+    ms,
+    percentile,
+    plain_dsn,
+    ratio,
+    save_results,
+    scratch_database,
+    section,
+    table,
+    verdict,
+)
+from bench.procs import Child, parley_env, start_fake, start_parley, start_proxy
+
+PARLEY_DB = "parley_bench_turns"
+PROXY_DB = "parley_bench_proxy"
+API_KEY = "bench-key-0123456789abcdef"
+MODEL: str = Settings.model_fields["model"].default
+MAX_TOKENS = 16_000
+FAKE_CONFIG: dict[str, Any] = {"record_bodies": False, "max_context_tokens": 100_000_000}
+NO_COMPACTION = {"auto": False, "micro": False}
+TEXT_DELTA = b"event: text.delta"
+EPHEMERAL = {"type": "ephemeral"}
+TARGETS = {"added_p50": 1.2, "added_p99": 2.0, "per_turn": 1.5, "cache_share": 0.90}
+
+
+@dataclass(frozen=True)
+class Plan:
+    c1_turns: int
+    c10_turns: int
+    clients: int
+    warmup_rounds: int
+    sizes: dict[int, int]  # history size -> timed turns per system
+    cache_turns: int
+
+
+FULL = Plan(200, 500, 10, 5, {10: 30, 1_000: 15, 10_000: 5}, 30)
+QUICK = Plan(6, 20, 10, 1, {10: 2, 200: 2}, 3)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Sample:
+    ttft: float
+    total: float
+
+
+def text_blocks(text: str) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": text}]
+
+
+def history_messages(history: Sequence[str]) -> list[dict[str, Any]]:
+    roles = ("user", "assistant")
+    return [{"role": roles[i % 2], "content": text_blocks(t)} for i, t in enumerate(history)]
+
+
+# --- the three systems -------------------------------------------------------------------
+
+
+class Target(Protocol):
+    name: str
+
+    async def conversation(self, history: Sequence[str]) -> Any: ...
+
+    async def stream_turn(self, conv: Any, text: str) -> Sample: ...
+
+    async def wait_turn(self, conv: Any, text: str) -> float: ...
+
+
+class Direct:
+    """The fake called with the SDK, keeping the history client-side; like the proxy it
+    marks the newest block as a cache breakpoint, so the fake does the same work."""
+
+    name = "direct"
+
+    def __init__(self, fake_url: str) -> None:
+        self.sdk = anthropic.AsyncAnthropic(base_url=fake_url, api_key="x", max_retries=0)
+
+    async def aclose(self) -> None:
+        await self.sdk.close()
+
+    async def conversation(self, history: Sequence[str]) -> list[dict[str, Any]]:
+        return history_messages(history)
+
+    async def stream_turn(self, conv: list[dict[str, Any]], text: str) -> Sample:
+        conv.append({"role": "user", "content": text_blocks(text)})
+        start = time.perf_counter()
+        first: float | None = None
+        parts: list[str] = []
+        last = {**conv[-1], "content": [{**conv[-1]["content"][0], "cache_control": EPHEMERAL}]}
+        stream = await self.sdk.messages.create(
+            model=MODEL, max_tokens=MAX_TOKENS, messages=[*conv[:-1], last], stream=True
+        )
+        async for event in stream:
+            if event.type == "content_block_delta":
+                first = first or time.perf_counter()
+                if event.delta.type == "text_delta":
+                    parts.append(event.delta.text)
+        end = time.perf_counter()
+        if first is None:
+            raise BenchError("direct: the stream had no content_block_delta")
+        conv.append({"role": "assistant", "content": text_blocks("".join(parts))})
+        return Sample(first - start, end - start)
+
+    async def wait_turn(self, conv: list[dict[str, Any]], text: str) -> float:
+        return (await self.stream_turn(conv, text)).total
+
+
+@dataclass(frozen=True)
+class Streamed:
+    sample: Sample
+    events: list[str]  # the SSE event names, in order
+
+    @property
+    def last_event(self) -> str:
+        return self.events[-1] if self.events else ""
+
+
+def event_names(body: bytes) -> list[str]:
+    return [
+        line.split(b":", 1)[1].strip().decode()
+        for line in body.splitlines()
+        if line.startswith(b"event:")
+    ]
+
+
+async def sse_turn(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> Streamed:
+    """POST, then read the SSE body to its end; TTFT is when `event: text.delta` arrives."""
+    start = time.perf_counter()
+    first: float | None = None
+    received = bytearray()
+    async with client.stream("POST", path, json=body) as response:
+        if response.status_code != 200:
+            detail = (await response.aread())[:500]
+            raise BenchError(f"POST {path}: {response.status_code} {detail!r}")
+        async for chunk in response.aiter_raw():
+            received += chunk
+            if first is None and TEXT_DELTA in received[-(len(chunk) + len(TEXT_DELTA)) :]:
+                first = time.perf_counter()
+    total = time.perf_counter() - start
+    if first is None:
+        raise BenchError(f"POST {path}: no text delta in {bytes(received[-500:])!r}")
+    return Streamed(Sample(first - start, total), event_names(bytes(received)))
+
+
+def http_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        base_url=base_url,
+        headers=headers,
+        timeout=httpx.Timeout(300.0),
+        limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+    )
+
+
+class Parley:
+    name = "parley"
+
+    def __init__(self, url: str, database_url: str, session_body: dict[str, Any]) -> None:
+        self.http = http_client(url, {"Authorization": f"Bearer {API_KEY}"})
+        self.db = Database(
+            make_engine(Settings(database_url=database_url, model_provider="offline"))
+        )
+        self.session_body = session_body
+        self.truncated: list[list[str]] = []  # event names of streams cut short
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        await self.db.dispose()
+
+    async def new_session(self, body: dict[str, Any]) -> str:
+        response = await self.http.post("/sessions", json=body)
+        if response.status_code != 201:
+            raise BenchError(f"parley: POST /sessions {response.status_code} {response.text}")
+        return str(response.json()["id"])
+
+    async def conversation(self, history: Sequence[str]) -> str:
+        sid = await self.new_session(self.session_body)
+        if history:
+            await self.seed(uuid.UUID(sid), history)
+        return sid
+
+    async def seed(self, sid: uuid.UUID, history: Sequence[str]) -> None:
+        """The history written with the store's own append_many, one chain."""
+        specs: list[dict[str, Any]] = []
+        parent: uuid.UUID | None = None
+        for message in history_messages(history):
+            node = uuid.uuid4()
+            role = message["role"]
+            specs.append(
+                {
+                    "message_uuid": node,
+                    "parent_uuid": parent,
+                    "type": role,
+                    "role": role,
+                    "content": message["content"],
+                    "model": MODEL if role == "assistant" else None,
+                    "stop_reason": "end_turn" if role == "assistant" else None,
+                }
+            )
+            parent = node
+        async with self.db.transaction() as db:
+            await store.append_many(db, sid, specs)
+
+    async def stream_turn(self, sid: str, text: str) -> Sample:
+        """A streamed turn. A stream that ends without `run.completed` is counted (see
+        `truncated`) and the session waited on until idle, so the next turn can start."""
+        body = {"content": text, "stream": True}
+        streamed = await sse_turn(self.http, f"/sessions/{sid}/messages", body)
+        if streamed.last_event == "run.completed":
+            return streamed.sample
+        self.truncated.append(streamed.events)
+        await self.wait_idle(sid)
+        return streamed.sample
+
+    async def wait_idle(self, sid: str, limit_seconds: float = 60.0) -> None:
+        deadline = time.monotonic() + limit_seconds
+        while time.monotonic() < deadline:
+            response = await self.http.get(f"/sessions/{sid}")
+            if response.status_code == 200 and response.json()["status"] == "idle":
+                return
+            await asyncio.sleep(0.01)
+        raise BenchError(f"parley: session {sid} still busy after {limit_seconds}s")
+
+    async def wait_turn(self, sid: str, text: str) -> float:
+        start = time.perf_counter()
+        result = await self.post_wait(sid, text)
+        elapsed = time.perf_counter() - start
+        if result["run"]["status"] != "completed":
+            raise BenchError(f"parley: run ended {result['run']['status']}: {result['run']}")
+        return elapsed
+
+    async def post_wait(self, sid: str, text: str) -> dict[str, Any]:
+        response = await self.http.post(f"/sessions/{sid}/messages", json={"content": text})
+        if response.status_code != 200:
+            raise BenchError(f"parley: turn {response.status_code} {response.text[:500]}")
+        return dict(response.json())
+
+
+class Proxy:
+    name = "proxy"
+
+    def __init__(self, url: str, database_dsn: str) -> None:
+        self.http = http_client(url)
+        self.dsn = database_dsn
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def conversation(self, history: Sequence[str]) -> str:
+        response = await self.http.post("/sessions")
+        if response.status_code != 201:
+            raise BenchError(f"proxy: POST /sessions {response.status_code} {response.text}")
+        sid = str(response.json()["id"])
+        if history:
+            await self.seed(uuid.UUID(sid), history)
+        return sid
+
+    async def seed(self, sid: uuid.UUID, history: Sequence[str]) -> None:
+        rows = [(sid, m["role"], json.dumps(m["content"])) for m in history_messages(history)]
+        conn = await asyncpg.connect(self.dsn)
+        try:
+            await conn.executemany(
+                "INSERT INTO proxy_messages (session_id, role, content) VALUES ($1, $2, $3::jsonb)",
+                rows,
+            )
+        finally:
+            await conn.close()
+
+    async def stream_turn(self, sid: str, text: str) -> Sample:
+        body = {"content": text, "stream": True}
+        streamed = await sse_turn(self.http, f"/sessions/{sid}/messages", body)
+        if streamed.last_event != "message.completed":
+            raise BenchError(f"proxy: stream ended after {streamed.events[-3:]}")
+        return streamed.sample
+
+    async def wait_turn(self, sid: str, text: str) -> float:
+        start = time.perf_counter()
+        response = await self.http.post(f"/sessions/{sid}/messages", json={"content": text})
+        elapsed = time.perf_counter() - start
+        if response.status_code != 200:
+            raise BenchError(f"proxy: turn {response.status_code} {response.text[:500]}")
+        return elapsed
+
+
+def rotated(targets: Sequence[Target], k: int) -> list[Target]:
+    k %= len(targets)
+    return [*targets[k:], *targets[:k]]
+
+
+# --- 1. time to first token ---------------------------------------------------------------
+
+
+async def ttft_phase(
+    targets: Sequence[Target], clients: int, turns: int, words: TextFactory
+) -> dict[str, list[Sample]]:
+    """Rounds of `clients` concurrent turns per system, the systems in rotating order."""
+    convs = {t.name: [await t.conversation(()) for _ in range(clients)] for t in targets}
+    samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
+    for r in range(max(1, turns // clients)):
+        text = f"Turn {r}: {words.text(60, 160)}"
+        for target in rotated(targets, r):
+            batch = await asyncio.gather(*(target.stream_turn(c, text) for c in convs[target.name]))
+            samples[target.name].extend(batch)
+    return samples
+
+
+def ttft_rows(samples: dict[str, list[Sample]]) -> tuple[list[list[Any]], dict[str, Any]]:
+    direct = [s.ttft for s in samples["direct"]]
+    base = {q: percentile(direct, q) for q in (50, 99)}
+    rows, out = [], {}
+    for name in ("direct", "proxy", "parley"):
+        ttft = [s.ttft for s in samples[name]]
+        p = {q: percentile(ttft, q) for q in (50, 99)}
+        added = {q: p[q] - base[q] for q in (50, 99)}
+        total = median([s.total for s in samples[name]])
+        is_direct = name == "direct"
+        rows.append(
+            [
+                name,
+                len(ttft),
+                ms(p[50]),
+                ms(p[99]),
+                "-" if is_direct else ms(added[50]),
+                "-" if is_direct else ms(added[99]),
+                ms(total),
+            ]
+        )
+        out[name] = {
+            "n": len(ttft),
+            "p50": p[50],
+            "p99": p[99],
+            "added_p50": added[50],
+            "added_p99": added[99],
+            "total_p50": total,
+        }
+    return rows, out
+
+
+def report_ttft(clients: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
+    section(f"time to first text delta, concurrency {clients} (ms)")
+    rows, out = ttft_rows(samples)
+    print(table(["system", "n", "p50", "p99", "added p50", "added p99", "turn p50"], rows))
+    r50 = ratio(out["parley"]["added_p50"], out["proxy"]["added_p50"])
+    r99 = ratio(out["parley"]["added_p99"], out["proxy"]["added_p99"])
+    print(
+        f"Parley added / proxy added: p50 {r50:.2f} {verdict(r50, TARGETS['added_p50'])}, "
+        f"p99 {r99:.2f} {verdict(r99, TARGETS['added_p99'])}"
+    )
+    out["ratio_added_p50"], out["ratio_added_p99"] = r50, r99
+    return out
+
+
+def report_truncated(truncated: list[list[str]], streams: int) -> int:
+    """Parley streams that ended before `run.completed` (a correctness finding)."""
+    if truncated:
+        tails = {" > ".join(events[-3:]) for events in truncated}
+        print(
+            f"WARNING: {len(truncated)} of {streams} Parley streams ended without "
+            f"run.completed; they ended with: {'; '.join(sorted(tails))}"
+        )
+    return len(truncated)
+
+
+# --- 2. per-turn time against history size ------------------------------------------------
+
+
+def make_history(size: int, words: TextFactory) -> list[str]:
+    return [words.text(100, 700) for _ in range(size)]
+
+
+async def size_phase(
+    targets: Sequence[Target], size: int, reps: int, words: TextFactory
+) -> dict[str, list[float]]:
+    history = make_history(size, words)
+    convs = {t.name: await t.conversation(history) for t in targets}
+    times: dict[str, list[float]] = {t.name: [] for t in targets}
+    for target in targets:  # warm-up: first read of the seeded rows, the fake's cache
+        await target.wait_turn(convs[target.name], "Warm-up turn: say hello.")
+    for rep in range(reps):
+        text = f"Question {rep}: {words.text(60, 160)}"
+        for target in rotated(targets, rep):
+            times[target.name].append(await target.wait_turn(convs[target.name], text))
+    return times
+
+
+def report_sizes(results: dict[int, dict[str, list[float]]]) -> list[dict[str, Any]]:
+    section("per-turn time, wait mode, by history size (median ms)")
+    rows, out = [], []
+    for size, times in results.items():
+        d, x, p = (median(times[n]) for n in ("direct", "proxy", "parley"))
+        r = ratio(p, x)
+        rows.append(
+            [
+                f"{size:,}",
+                len(times["parley"]),
+                ms(d),
+                ms(x),
+                ms(p),
+                ms(x - d),
+                ms(p - d),
+                f"{r:.2f}",
+                verdict(r, TARGETS["per_turn"]),
+            ]
+        )
+        out.append(
+            {
+                "history": size,
+                "n": len(times["parley"]),
+                "direct": d,
+                "proxy": x,
+                "parley": p,
+                "ratio": r,
+            }
+        )
+    print(
+        table(
+            [
+                "history",
+                "n",
+                "direct",
+                "proxy",
+                "parley",
+                "proxy-direct",
+                "parley-direct",
+                "parley/proxy",
+                "target",
+            ],
+            rows,
+        )
+    )
+    return out
+
+
+# --- 3. prompt cache ------------------------------------------------------------------
+
+
+async def fake_call(fake: httpx.AsyncClient, method: str, path: str, body: Any = None) -> Any:
+    response = await fake.request(method, path, json=body)
+    if response.status_code != 200:
+        raise BenchError(f"fake {method} {path}: {response.status_code} {response.text[:300]}")
+    return response.json()
+
+
+async def cache_session(
+    parley: Parley, fake: httpx.AsyncClient, compaction: dict[str, Any], turns: int
+) -> list[dict[str, Any]]:
+    """A tool-using session: each turn Reads a workspace file, then answers. Returns the
+    usage the fake reported for each model call, in order."""
+    words = TextFactory(5)
+    await fake_call(fake, "POST", "/_fake/reset")  # an empty queue, log and prompt cache
+    await fake_call(fake, "POST", "/_fake/config", FAKE_CONFIG)
+    body = {
+        "system": words.text(11_000, 11_000),
+        "builtin_tools": ["Read"],
+        "compaction": compaction,
+    }
+    sid = await parley.new_session(body)
+    files = {f"notes/part{i}.md": words.text(4_000, 9_000) for i in range(turns)}
+    for path, content in files.items():
+        put = await parley.http.put(f"/sessions/{sid}/files/{path}", content=content.encode())
+        if put.status_code not in (200, 201):
+            raise BenchError(f"parley: PUT file {put.status_code} {put.text}")
+    for i, path in enumerate(files):
+        use = {"type": "tool_use", "name": "Read", "input": {"file_path": path}}
+        await fake_call(
+            fake,
+            "POST",
+            "/_fake/script",
+            [
+                {"type": "message", "content": [{"type": "text", "text": "Reading it."}, use]},
+                {"type": "message", "content": [{"type": "text", "text": words.text(200, 600)}]},
+            ],
+        )
+        result = await parley.post_wait(sid, f"Turn {i + 1}: read {path} and sum it up.")
+        if result["run"]["status"] != "completed":
+            raise BenchError(f"parley: cache turn {i + 1} ended {result['run']}")
+    records = await fake_call(fake, "GET", "/_fake/requests")
+    usages = [r["usage"] for r in records if r["path"] == "/v1/messages" and r["usage"]]
+    if len(usages) != 2 * turns:
+        raise BenchError(f"expected {2 * turns} model calls, the fake answered {len(usages)}")
+    return list(usages)
+
+
+def cache_figures(usages: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    later = usages[2:]  # turns 2.. (each turn is two model calls)
+    read = sum(u["cache_read_input_tokens"] for u in later)
+    created = sum(u["cache_creation_input_tokens"] for u in later)
+    plain = sum(u["input_tokens"] for u in later)
+    total = read + created + plain
+    shares = [
+        u["cache_read_input_tokens"]
+        / max(
+            1,
+            sum(
+                u[k]
+                for k in ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+            ),
+        )
+        for u in later
+    ]
+    return {
+        "calls": len(later),
+        "input": total,
+        "cache_read": read,
+        "cache_creation": created,
+        "uncached": plain,
+        "share": ratio(read, total),
+        "worst_call": min(shares, default=0),
+    }
+
+
+def report_cache(rows_in: dict[str, dict[str, Any]], turns: int) -> None:
+    section(f"prompt cache, {turns}-turn Read-then-answer session: turns 2..{turns}")
+    rows = []
+    for label, f in rows_in.items():
+        target = verdict(f["share"], TARGETS["cache_share"], at_least=True)
+        rows.append(
+            [
+                label,
+                f["calls"],
+                f"{f['input']:,}",
+                f"{f['cache_read']:,}",
+                f"{f['cache_creation']:,}",
+                f"{f['uncached']:,}",
+                f"{f['share']:.1%}",
+                f"{f['worst_call']:.1%}",
+                target if label.startswith("no compaction") else "-",
+            ]
+        )
+    print(
+        table(
+            [
+                "session",
+                "calls",
+                "input tokens",
+                "cache read",
+                "cache write",
+                "uncached",
+                "read share",
+                "worst call",
+                "target",
+            ],
+            rows,
+        )
+    )
+
+
+# --- running it -------------------------------------------------------------------------
+
+
+@dataclass
+class Bench:
+    plan: Plan
+    direct: Direct
+    proxy: Proxy
+    parley: Parley
+    fake: httpx.AsyncClient
+    results: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def targets(self) -> list[Target]:
+        return [self.direct, self.proxy, self.parley]
+
+    async def ttft(self) -> None:
+        words = TextFactory(3)
+        plan = self.plan
+        await ttft_phase(self.targets, 1, plan.warmup_rounds, words)  # warm-up, discarded
+        await ttft_phase(self.targets, plan.clients, plan.clients, words)
+        for clients, turns in ((1, plan.c1_turns), (plan.clients, plan.c10_turns)):
+            self.parley.truncated.clear()
+            samples = await ttft_phase(self.targets, clients, turns, words)
+            out = report_ttft(clients, samples)
+            out["parley_truncated_streams"] = report_truncated(
+                self.parley.truncated, len(samples["parley"])
+            )
+            self.results[f"ttft_c{clients}"] = out
+
+    async def sizes(self) -> None:
+        words = TextFactory(4)
+        measured = {}
+        for size, reps in self.plan.sizes.items():
+            measured[size] = await size_phase(self.targets, size, reps, words)
+        self.results["per_turn"] = report_sizes(measured)
+
+    async def cache(self) -> None:
+        turns = self.plan.cache_turns
+        variants = {"no compaction (auto, micro off)": NO_COMPACTION, "default settings": {}}
+        figures = {}
+        for label, compaction in variants.items():
+            usages = await cache_session(self.parley, self.fake, compaction, turns)
+            figures[label] = cache_figures(usages)
+        report_cache(figures, turns)
+        self.results["cache"] = figures
+
+
+async def start_children(
+    stack: AsyncExitStack, log_dir: Path, parley_url: str, proxy_dsn: str, profile: Path | None
+) -> tuple[Child, Child, Child]:
+    fake = await start_fake(log_dir, FAKE_CONFIG)
+    stack.callback(fake.stop)
+    env = parley_env(plain_dsn(parley_url), fake.url, API_KEY)
+    parley, proxy = await asyncio.gather(
+        start_parley(log_dir, env, profile=profile),
+        start_proxy(log_dir, proxy_dsn, fake.url, MODEL),
+    )
+    stack.callback(parley.stop)
+    stack.callback(proxy.stop)
+    return fake, parley, proxy
+
+
+async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) -> int:
+    started = time.perf_counter()
+    async with AsyncExitStack() as stack:
+        parley_url = await stack.enter_async_context(scratch_database(PARLEY_DB))
+        proxy_url = await stack.enter_async_context(scratch_database(PROXY_DB))
+        engine = make_engine(Settings(database_url=parley_url, model_provider="offline"))
+        await upgrade(engine)
+        await engine.dispose()
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-turns-")))
+        fake, parley_child, proxy_child = await start_children(
+            stack, log_dir, parley_url, plain_dsn(proxy_url), profile
+        )
+        bench = Bench(
+            plan,
+            Direct(fake.url),
+            Proxy(proxy_child.url, plain_dsn(proxy_url)),
+            Parley(parley_child.url, parley_url, {"compaction": NO_COMPACTION}),
+            httpx.AsyncClient(base_url=fake.url, timeout=60),
+        )
+        for closer in (bench.direct, bench.proxy, bench.parley):
+            stack.push_async_callback(closer.aclose)
+        stack.push_async_callback(bench.fake.aclose)
+        print(f"fake {fake.url}, parley {parley_child.url}, proxy {proxy_child.url}", flush=True)
+        try:
+            for phase in ("ttft", "sizes", "cache"):
+                if phase in phases:
+                    await getattr(bench, phase)()
+        except Exception:
+            for child in (fake, parley_child, proxy_child):
+                print(f"--- {child.name} log (tail) ---\n{child.tail()}")
+            raise
+        print(f"\ntotal {time.perf_counter() - started:.0f}s")
+        if save:
+            print(f"results: {save_results('turns', bench.results)}")
+        return exit_code(bench.results)
+
+
+def exit_code(results: dict[str, Any]) -> int:
+    ok = all(
+        r["ratio_added_p50"] <= TARGETS["added_p50"]
+        and r["ratio_added_p99"] <= TARGETS["added_p99"]
+        for key, r in results.items()
+        if key.startswith("ttft_")
+    )
+    ok = ok and all(r["ratio"] <= TARGETS["per_turn"] for r in results.get("per_turn", []))
+    cache = results.get("cache", {}).get("no compaction (auto, micro off)")
+    ok = ok and (cache is None or cache["share"] >= TARGETS["cache_share"])
+    return 0 if ok else 1
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench turns",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
+    parser.add_argument("--only", default="ttft,sizes,cache", help="phases to run")
+    parser.add_argument("--profile-parley", type=Path, help="run Parley under cProfile, to FILE")
+    parser.add_argument("--no-save", action="store_true", help="no JSON in bench/results/")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    phases = {p.strip() for p in args.only.split(",") if p.strip()}
+    unknown = phases - {"ttft", "sizes", "cache"}
+    if unknown:
+        raise SystemExit(f"unknown phase(s): {sorted(unknown)}")
+    plan = QUICK if args.quick else FULL
+    profile = args.profile_parley.resolve() if args.profile_parley else None
+    code = asyncio.run(run(plan, phases, profile, save=not args.no_save and not args.quick))
+    return 0 if args.quick else code
