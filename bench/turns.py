@@ -61,7 +61,9 @@ API_KEY = "bench-key-0123456789abcdef"
 MODEL: str = Settings.model_fields["model"].default
 MAX_TOKENS = 16_000
 FAKE_CONFIG: dict[str, Any] = {"record_bodies": False, "max_context_tokens": 100_000_000}
-NO_COMPACTION = {"auto": False, "micro": False}
+# The model view must stay whole: no auto or micro compaction, and a threshold so high
+# that background context collapse (which `auto: false` does not stop) never starts.
+NO_COMPACTION = {"auto": False, "micro": False, "threshold_tokens": 1_000_000_000}
 TEXT_DELTA = b"event: text.delta"
 EPHEMERAL = {"type": "ephemeral"}
 TARGETS = {"added_p50": 1.2, "added_p99": 2.0, "per_turn": 1.5, "cache_share": 0.90}
@@ -336,53 +338,59 @@ def rotated(targets: Sequence[Target], k: int) -> list[Target]:
 # --- 1. time to first token ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Timed:
+    round: int
+    sample: Sample
+
+
 async def ttft_phase(
     targets: Sequence[Target], clients: int, turns: int, words: TextFactory
-) -> dict[str, list[Sample]]:
+) -> dict[str, list[Timed]]:
     """Rounds of `clients` concurrent turns per system, the systems in rotating order."""
     convs = {t.name: [await t.conversation(()) for _ in range(clients)] for t in targets}
-    samples: dict[str, list[Sample]] = {t.name: [] for t in targets}
+    samples: dict[str, list[Timed]] = {t.name: [] for t in targets}
     for r in range(max(1, turns // clients)):
         text = f"Turn {r}: {words.text(60, 160)}"
         for target in rotated(targets, r):
             batch = await asyncio.gather(*(target.stream_turn(c, text) for c in convs[target.name]))
-            samples[target.name].extend(batch)
+            samples[target.name].extend(Timed(r, s) for s in batch)
     return samples
 
 
-def ttft_rows(samples: dict[str, list[Sample]]) -> tuple[list[list[Any]], dict[str, Any]]:
-    direct = [s.ttft for s in samples["direct"]]
-    base = {q: percentile(direct, q) for q in (50, 99)}
+def added_latency(service: Sequence[Timed], direct: Sequence[Timed]) -> list[float]:
+    """Each service TTFT minus the median direct TTFT of the same round (measured
+    moments apart), so a hiccup of the machine in one round is not charged to anyone."""
+    rounds: dict[int, list[float]] = {}
+    for t in direct:
+        rounds.setdefault(t.round, []).append(t.sample.ttft)
+    base = {r: median(v) for r, v in rounds.items()}
+    return [t.sample.ttft - base[t.round] for t in service]
+
+
+def ttft_rows(samples: dict[str, list[Timed]]) -> tuple[list[list[Any]], dict[str, Any]]:
     rows, out = [], {}
     for name in ("direct", "proxy", "parley"):
-        ttft = [s.ttft for s in samples[name]]
-        p = {q: percentile(ttft, q) for q in (50, 99)}
-        added = {q: p[q] - base[q] for q in (50, 99)}
-        total = median([s.total for s in samples[name]])
-        is_direct = name == "direct"
-        rows.append(
-            [
-                name,
-                len(ttft),
-                ms(p[50]),
-                ms(p[99]),
-                "-" if is_direct else ms(added[50]),
-                "-" if is_direct else ms(added[99]),
-                ms(total),
-            ]
-        )
-        out[name] = {
+        ttft = [t.sample.ttft for t in samples[name]]
+        added = added_latency(samples[name], samples["direct"])
+        fig = {
             "n": len(ttft),
-            "p50": p[50],
-            "p99": p[99],
-            "added_p50": added[50],
-            "added_p99": added[99],
-            "total_p50": total,
+            "p50": percentile(ttft, 50),
+            "p99": percentile(ttft, 99),
+            "added_p50": percentile(added, 50),
+            "added_p99": percentile(added, 99),
+            "turn_p50": median([t.sample.total for t in samples[name]]),
         }
+        shown = [fig["p50"], fig["p99"], fig["added_p50"], fig["added_p99"], fig["turn_p50"]]
+        row = [name, fig["n"], *(ms(v) for v in shown)]
+        if name == "direct":
+            row[4:6] = ["-", "-"]
+        rows.append(row)
+        out[name] = fig
     return rows, out
 
 
-def report_ttft(clients: int, samples: dict[str, list[Sample]]) -> dict[str, Any]:
+def report_ttft(clients: int, samples: dict[str, list[Timed]]) -> dict[str, Any]:
     section(f"time to first text delta, concurrency {clients} (ms)")
     rows, out = ttft_rows(samples)
     print(table(["system", "n", "p50", "p99", "added p50", "added p99", "turn p50"], rows))
@@ -520,6 +528,8 @@ async def cache_session(
         result = await parley.post_wait(sid, f"Turn {i + 1}: read {path} and sum it up.")
         if result["run"]["status"] != "completed":
             raise BenchError(f"parley: cache turn {i + 1} ended {result['run']}")
+        if await fake_call(fake, "GET", "/_fake/queue"):
+            raise BenchError(f"cache turn {i + 1} did not use both scripted replies")
     records = await fake_call(fake, "GET", "/_fake/requests")
     usages = [r["usage"] for r in records if r["path"] == "/v1/messages" and r["usage"]]
     if len(usages) != 2 * turns:
@@ -623,6 +633,7 @@ class Bench:
 
     async def sizes(self) -> None:
         words = TextFactory(4)
+        self.parley.session_body = {"compaction": NO_COMPACTION}
         measured = {}
         for size, reps in self.plan.sizes.items():
             measured[size] = await size_phase(self.targets, size, reps, words)
@@ -670,7 +681,7 @@ async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) ->
             plan,
             Direct(fake.url),
             Proxy(proxy_child.url, plain_dsn(proxy_url)),
-            Parley(parley_child.url, parley_url, {"compaction": NO_COMPACTION}),
+            Parley(parley_child.url, parley_url, {}),
             httpx.AsyncClient(base_url=fake.url, timeout=60),
         )
         for closer in (bench.direct, bench.proxy, bench.parley):
