@@ -36,6 +36,7 @@ def utcnow() -> datetime:
 
 
 ACTIVE_RUN_STATUSES = ("running", "requires_action")
+FINAL_RUN_STATUSES = ("completed", "failed", "cancelled")
 ACTIVE_STATUS_SQL = "status IN ('running', 'requires_action')"
 
 

@@ -18,7 +18,7 @@ from app.errors import problem_document
 from app.models import Message, Run
 from app.schemas import TurnResult
 from app.services import metrics
-from app.services.runs import FINAL_STATUSES, run_out
+from app.services.runs import run_out
 from app.services.runtime import Runtime
 
 Mode = Literal["stream", "background", "wait"]
@@ -40,14 +40,13 @@ def delivery_mode(request: Request, *, stream: bool, background: bool) -> Mode:
 def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceResponse:
     shutdown = anyio.Event()
 
-    async def is_active() -> bool:
+    async def status() -> str | None:
         async with runtime.db.sessionmaker() as db:
-            status = await db.scalar(select(Run.status).where(Run.id == run_id))
-        return status is not None and status not in FINAL_STATUSES
+            return await db.scalar(select(Run.status).where(Run.id == run_id))
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         metrics.sse_streams.inc()
-        source = runtime.events.follow(run_id, after, is_active=is_active)
+        source = runtime.events.follow(run_id, after, status=status)
         stop = asyncio.ensure_future(shutdown.wait())
         try:
             while True:

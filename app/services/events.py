@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import func, insert, select, text, update
 
 from app.db import Database
-from app.models import Run, RunEvent
+from app.models import FINAL_RUN_STATUSES, Run, RunEvent
 
 log = logging.getLogger("parley.events")
 
@@ -194,7 +194,7 @@ class EventHub:
         run_id: uuid.UUID,
         after: int,
         *,
-        is_active: Callable[[], Awaitable[bool]],
+        status: Callable[[], Awaitable[str | None]],
         poll_seconds: float = 1.0,
     ) -> AsyncGenerator[StoredEvent, None]:
         """Every event after `after`, in order and without gaps: the stored ones first,
@@ -218,7 +218,7 @@ class EventHub:
                     continue
                 last = event.seq
                 yield event
-                if await self._stops(event, run_id, last, is_active):
+                if await self._stops(event, run_id, last, status):
                     return
             while True:
                 if channel is not None and run_id in self.channels:
@@ -236,17 +236,18 @@ class EventHub:
                             yield missing
                     last = event.seq
                     yield event
-                    if await self._stops(event, run_id, last, is_active):
+                    if await self._stops(event, run_id, last, status):
                         return
                     continue
                 fresh = await self.stored(run_id, last)
                 for event in fresh:
                     last = event.seq
                     yield event
-                    if await self._stops(event, run_id, last, is_active):
+                    if await self._stops(event, run_id, last, status):
                         return
                 if not fresh:
-                    if not await is_active():
+                    current = await status()
+                    if current is None or current in FINAL_RUN_STATUSES:
                         # The status is committed just before the final event is stored:
                         # give that event a moment to land, then stop.
                         async for event in self._tail(run_id, last):
@@ -289,16 +290,17 @@ class EventHub:
         event: StoredEvent,
         run_id: uuid.UUID,
         seq: int,
-        is_active: Callable[[], Awaitable[bool]],
+        status: Callable[[], Awaitable[str | None]],
     ) -> bool:
         if event.event in TERMINAL_EVENTS:
             return True
         if event.event == PAUSE_EVENT:
-            # A pause is the end of the stream unless the run has already moved on.
+            # A pause ends the stream unless the run has moved on since (resumed, or
+            # ended: then its next events follow).
             channel = self.channels.get(run_id)
             if channel is not None and channel.next_seq > seq + 1:
                 return False
-            return not await self.stored(run_id, seq)
+            return await status() == "requires_action" and not await self.stored(run_id, seq)
         return False
 
     def wake_remote(self, run_id: uuid.UUID) -> None:

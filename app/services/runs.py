@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.blocks import as_blocks
 from app.errors import Conflict, Invalid, NotFound
-from app.models import ACTIVE_RUN_STATUSES, AgentSession, Run, RunEvent
+from app.models import ACTIVE_RUN_STATUSES, FINAL_RUN_STATUSES, AgentSession, Run, RunEvent
 from app.schemas import IfBusy, RunOut, ToolResultsIn
 from app.services import metrics, store
 from app.services.events import dumps
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("parley.runs")
 
-FINAL_STATUSES = ("completed", "failed", "cancelled")
 CANCELLED_TOOL_TEXT = "[Tool use was cancelled before it returned a result]"
 EXPIRED_TOOL_TEXT = "[No result: the client did not answer this tool call in time]"
 INTERRUPTED_TOOL_TEXT = "[Tool use was interrupted: the run stopped before a result arrived]"
@@ -369,7 +368,7 @@ class RunManager:
     ) -> Run:
         """Stop a run, keeping what it produced and leaving the history valid.
         Idempotent: a finished run is returned unchanged."""
-        if run.status in FINAL_STATUSES:
+        if run.status in FINAL_RUN_STATUSES:
             return run
         task = self.tasks.get(run.id)
         if run.status == "running" and task is not None:
@@ -422,7 +421,7 @@ class RunManager:
                 return
             async with self.rt.db.sessionmaker() as db:
                 status = await db.scalar(select(Run.status).where(Run.id == run_id))
-            settled = status is None or status in (*FINAL_STATUSES, "requires_action")
+            settled = status is None or status in (*FINAL_RUN_STATUSES, "requires_action")
             if settled and run_id not in self.tasks:
                 return
             await asyncio.sleep(poll_seconds)
