@@ -230,7 +230,9 @@ async def statuses(db: AsyncSession, session_ids: list[uuid.UUID]) -> dict[uuid.
 async def estimated_tokens(db: AsyncSession, session: AgentSession) -> int:
     """The last response's real usage plus the stored estimates of what came after it
     (invariant 8); system and tools estimated when no response is in the view."""
-    rows = await chain_rows(db, session.head_uuid, full=False)
+    rows = await chain_rows(
+        db, session.head_uuid, full=False, columns=("role", "usage", "token_estimate")
+    )
     return estimate_from_rows(session, rows)
 
 

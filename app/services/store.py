@@ -33,7 +33,7 @@ messages_t = cast(Table, Message.__table__)
 MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never reached
 
 
-def _chain_query(head: uuid.UUID, *, full: bool) -> Any:
+def _chain_query(head: uuid.UUID, *, full: bool, columns: Sequence[str] | None = None) -> Any:
     m = messages_t
     start = select(
         m.c.uuid, m.c.parent_uuid, m.c.logical_parent_uuid, literal(0).label("depth")
@@ -57,14 +57,22 @@ def _chain_query(head: uuid.UUID, *, full: bool) -> Any:
         .where(chain.c.depth < MAX_CHAIN_DEPTH)
     )
     chain = chain.union_all(step)
-    return select(m).join(chain, m.c.uuid == chain.c.uuid).order_by(chain.c.depth.desc())
+    selected = [m.c[name] for name in columns] if columns else [m]
+    return select(*selected).join(chain, m.c.uuid == chain.c.uuid).order_by(chain.c.depth.desc())
 
 
-async def chain_rows(db: AsyncSession, head: uuid.UUID | None, *, full: bool) -> Sequence[Row[Any]]:
-    """Rows from the root (or the nearest boundary) down to `head`, oldest first."""
+async def chain_rows(
+    db: AsyncSession,
+    head: uuid.UUID | None,
+    *,
+    full: bool,
+    columns: Sequence[str] | None = None,
+) -> Sequence[Row[Any]]:
+    """Rows from the root (or the nearest boundary) down to `head`, oldest first
+    (only `columns` of them when given)."""
     if head is None:
         return []
-    result = await db.execute(_chain_query(head, full=full))
+    result = await db.execute(_chain_query(head, full=full, columns=columns))
     return result.all()
 
 
