@@ -192,16 +192,19 @@ async def live(database_url: str, engine: AsyncEngine) -> AsyncIterator[LiveServ
         yield server
 
 
+def on_fake(fake: FakeAnthropic) -> dict[str, Any]:
+    """Settings that point the service at the fake Anthropic server."""
+    return {
+        "model_provider": "anthropic",
+        "anthropic_api_key": "test-key",
+        "anthropic_base_url": fake.base_url,
+    }
+
+
 @pytest.fixture
 async def live_fake(
     database_url: str, engine: AsyncEngine, fake: FakeAnthropic
 ) -> AsyncIterator[LiveServer]:
     """The service talking to the fake Anthropic server through the real SDK."""
-    async with live_server(
-        database_url,
-        engine,
-        model_provider="anthropic",
-        anthropic_api_key="test-key",
-        anthropic_base_url=fake.base_url,
-    ) as server:
+    async with live_server(database_url, engine, **on_fake(fake)) as server:
         yield server

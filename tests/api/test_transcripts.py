@@ -13,11 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, async_sessionmaker
 
 from app.context.normalize import validate_api_messages
 from app.main import create_app
-from app.services import store
+from tests.api.seed import add, new_session, text
 from tests.conftest import TEST_KEY, make_settings
 
 DATA = Path("/work/shared/data/transcripts")
@@ -37,23 +37,6 @@ def needs(path: Path) -> pytest.MarkDecorator:
 
 
 # --- helpers ----------------------------------------------------------------------------
-
-
-async def new_session(api: httpx.AsyncClient) -> str:
-    response = await api.post("/sessions", json={})
-    assert response.status_code == 201
-    return str(response.json()["id"])
-
-
-async def add(conn: AsyncConnection, sid: str, parent: Any, **fields: Any) -> uuid.UUID:
-    async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
-        row = await store.append(db, uuid.UUID(sid), parent_uuid=parent, **fields)
-        await db.commit()
-    return uuid.UUID(str(row["uuid"]))
-
-
-def text(role: str, value: str, **fields: Any) -> dict[str, Any]:
-    return {"type": role, "role": role, "content": [{"type": "text", "text": value}], **fields}
 
 
 async def seed_compacted(conn: AsyncConnection, sid: str) -> list[uuid.UUID]:

@@ -7,26 +7,9 @@ import uuid
 from typing import Any
 
 import httpx
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.services import store
-
-
-async def new_session(api: httpx.AsyncClient, **body: Any) -> str:
-    response = await api.post("/sessions", json=body)
-    assert response.status_code == 201
-    return str(response.json()["id"])
-
-
-async def add(conn: AsyncConnection, sid: str, parent: Any, **fields: Any) -> uuid.UUID:
-    async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
-        row = await store.append(db, uuid.UUID(sid), parent_uuid=parent, **fields)
-        await db.commit()
-    return row["uuid"]
-
-
-def text(role: str, value: str) -> dict[str, Any]:
-    return {"type": role, "role": role, "content": [{"type": "text", "text": value}]}
+from tests.api.seed import add, new_session, text
 
 
 async def linear(conn: AsyncConnection, sid: str, n: int) -> list[uuid.UUID]:

@@ -128,16 +128,14 @@ async def test_max_tokens_bound_ends_completed(live_fake: LiveServer, fake: Fake
 async def test_model_call_limit_ends_a_runaway_loop(
     database_url: str, engine: object, fake: FakeAnthropic
 ) -> None:
-    from tests.conftest import live_server
+    from tests.conftest import live_server, on_fake
 
     fake.responder = lambda body: items.message(items.tool_use("Glob", {"pattern": "*"}))
     async with (
         live_server(
             database_url,
             engine,
-            model_provider="anthropic",
-            anthropic_api_key="k",
-            anthropic_base_url=fake.base_url,
+            **on_fake(fake),
             max_model_calls_per_run=3,
         ) as server,
         server.client() as client,

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.models import Run, RunEvent
-from tests.conftest import LiveServer, live_server
+from tests.conftest import LiveServer, live_server, on_fake
 from tests.fake_anthropic import FakeAnthropic, items
 from tests.runs.helpers import (
     all_accepted,
@@ -103,9 +103,7 @@ async def test_requires_action_expires(
         live_server(
             database_url,
             engine,
-            model_provider="anthropic",
-            anthropic_api_key="k",
-            anthropic_base_url=fake.base_url,
+            **on_fake(fake),
             requires_action_ttl_seconds=0.3,
         ) as server,
         server.client() as client,
@@ -225,9 +223,7 @@ async def test_pings_and_bad_last_event_id(
             database_url,
             engine,
             sse_ping_seconds=0.2,
-            model_provider="anthropic",
-            anthropic_api_key="k",
-            anthropic_base_url=fake.base_url,
+            **on_fake(fake),
         ) as server,
         server.client() as client,
     ):

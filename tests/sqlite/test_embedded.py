@@ -92,15 +92,21 @@ async def test_one_active_run_per_session_is_enforced_by_sqlite(tmp_path: Path) 
     await engine.dispose()
 
 
-def test_the_run_command_serves_open_on_loopback(tmp_path: Path) -> None:
-    """`python -m app serve` in a fresh directory: migrates its SQLite file, needs no key."""
-    port = free_port()
+def new_user_env() -> dict[str, str]:
+    """The environment of a new user: none of the service's settings."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith(("PARLEY_", "DATABASE_URL", "ANTHROPIC_"))
     }
     env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def test_the_run_command_serves_open_on_loopback(tmp_path: Path) -> None:
+    """`python -m app serve` in a fresh directory: migrates its SQLite file, needs no key."""
+    port = free_port()
+    env = new_user_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "app", "serve", "--port", str(port)],
         cwd=tmp_path,
@@ -138,12 +144,7 @@ def test_the_run_command_serves_open_on_loopback(tmp_path: Path) -> None:
 
 
 def test_open_mode_is_refused_on_a_public_address(tmp_path: Path) -> None:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PARLEY_", "DATABASE_URL", "ANTHROPIC_"))
-    }
-    env["PYTHONPATH"] = str(ROOT)
+    env = new_user_env()
     proc = subprocess.run(
         [sys.executable, "-m", "app", "serve", "--host", "0.0.0.0", "--port", str(free_port())],
         cwd=tmp_path,

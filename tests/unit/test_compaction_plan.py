@@ -17,8 +17,8 @@ from app.context.types import COMPACT_SUMMARY, USER, Node
 from app.models import AgentSession
 from app.services.compaction import (
     KEEP_SHARE,
-    NothingToCompact,
     SUMMARY_MAX_TOKENS,
+    NothingToCompact,
     budget,
     plan_compaction,
     view_estimate,

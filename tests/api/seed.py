@@ -1,0 +1,28 @@
+"""Seeding messages straight into the store, inside a test's rolled-back transaction."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from app.services import store
+
+
+async def new_session(api: httpx.AsyncClient, **body: Any) -> str:
+    response = await api.post("/sessions", json=body)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+async def add(conn: AsyncConnection, sid: str, parent: Any, **fields: Any) -> uuid.UUID:
+    async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
+        row = await store.append(db, uuid.UUID(sid), parent_uuid=parent, **fields)
+        await db.commit()
+    return uuid.UUID(str(row["uuid"]))
+
+
+def text(role: str, value: str, **fields: Any) -> dict[str, Any]:
+    return {"type": role, "role": role, "content": [{"type": "text", "text": value}], **fields}
