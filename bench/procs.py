@@ -73,7 +73,7 @@ def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None 
     popen = subprocess.Popen(
         argv,
         cwd=ROOT,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

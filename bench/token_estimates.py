@@ -361,7 +361,9 @@ def fit(
         for overhead in overhead_grid:
             with_blocks = [b + overhead * c for b, c in zip(base, counts, strict=True)]
             for per_message in message_grid:
-                estimates = [e + per_message * m for e, m in zip(with_blocks, messages, strict=True)]
+                estimates = [
+                    e + per_message * m for e, m in zip(with_blocks, messages, strict=True)
+                ]
                 score = median_abs_log(estimates, reals)
                 if best is None or score < best[0]:
                     best = (score, cpt, overhead, per_message)
@@ -385,7 +387,8 @@ def report_sessions(pairs: Sequence[Measured]) -> list[dict[str, Any]]:
         ratio = median([p.estimate / p.real for p in group])
         weighted = sum(p.estimate for p in group) / sum(p.real for p in group)
         real = sum(p.real for p in group)
-        rows.append([name, len(group), f"{real:,}", f"{cpt:.2f}", f"{ratio:.3f}", f"{weighted:.3f}"])
+        cells = [f"{real:,}", f"{cpt:.2f}", f"{ratio:.3f}", f"{weighted:.3f}"]
+        rows.append([name, len(group), *cells])
         out.append({"session": name, "pairs": len(group), "real_tokens": real, "cpt": cpt})
     headers = ["session", "pairs", "real tokens", "chars/token", "est/real", "sum/sum"]
     print(table(headers, rows))
@@ -417,9 +420,7 @@ def report_errors(pairs: Sequence[Measured]) -> dict[str, Any]:
     reals = [p.real for p in pairs]
     current = error_stats(app_estimates(pairs), reals)
     quarter = error_stats(quarter_estimates(pairs), reals)
-    label = (
-        f"app (CHARS_PER_TOKEN {tokens.CHARS_PER_TOKEN}, +{tokens.BLOCK_OVERHEAD_TOKENS}/block)"
-    )
+    label = f"app (CHARS_PER_TOKEN {tokens.CHARS_PER_TOKEN}, +{tokens.BLOCK_OVERHEAD_TOKENS}/block)"
     print(table(ERROR_HEADERS, [current.row(label), quarter.row("plain chars/4")]))
     return {"app": current.__dict__, "chars4": quarter.__dict__}
 

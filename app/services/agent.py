@@ -14,6 +14,7 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import update
@@ -424,9 +425,8 @@ class TurnRunner:
     async def pause(
         self, waiting: list[dict[str, Any]], results: dict[str, dict[str, Any]]
     ) -> None:
-        deadline = now().timestamp() + self.settings.requires_action_ttl_seconds
-        from datetime import UTC, datetime
-
+        # While paused the lease is the deadline for the client's answer (then `expired`).
+        deadline = now() + timedelta(seconds=self.settings.requires_action_ttl_seconds)
         async with self.rt.db.transaction() as db:
             run = await db.get(Run, self.run_id)
             assert run is not None
@@ -438,7 +438,7 @@ class TurnRunner:
                 ],
             }
             run.state = {**self.state, "results": results, "model_calls": self.model_calls}
-            run.lease_expires_at = datetime.fromtimestamp(deadline, UTC)
+            run.lease_expires_at = deadline
             run.worker_id = None
         self.pending_results = {}
         await self.emit_run("run.requires_action")

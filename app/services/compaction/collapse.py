@@ -1,0 +1,94 @@
+"""Context collapse: older finished spans summarised in the background after a run."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING
+
+from app.context.collapse import plan_collapse_spans
+from app.context.render import render_for_summary
+from app.context.summary_prompt import (
+    extract_summary,
+)
+from app.context.tokens import chars_to_tokens
+from app.models import AgentSession, Collapse
+from app.services.compaction.estimates import request_estimate
+from app.services.compaction.summary import CompactionFailed, complete
+from app.services.llm.errors import ModelError
+from app.services.sessions import Limits
+from app.services.view import load_view, span_indices
+
+if TYPE_CHECKING:
+    from app.services.runtime import Runtime
+
+log = logging.getLogger("parley.compaction")
+
+
+COLLAPSE_INSTRUCTION = (
+    "Summarise the finished piece of work below in at most five sentences for the "
+    "assistant that did it: what was asked, what was done (files, commands, findings), "
+    "and the outcome. Plain text, no preamble, call no tools."
+)
+
+
+async def collapse_spans(rt: Runtime, session_id: uuid.UUID, *, max_spans: int = 3) -> int:
+    """Summarise older completed spans of the chain into collapse rows (not applied yet).
+    Runs only once the session is past half of the collapse point, so short sessions
+    never pay for it. Returns how many spans were summarised."""
+    async with rt.db.sessionmaker() as db:
+        session = await db.get(AgentSession, session_id)
+        if session is None:
+            return 0
+        view = await load_view(db, session)
+    limits = Limits(session, rt.settings)
+    estimate = request_estimate(session, view)
+    if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
+        return 0
+    existing = [(start, end) for start, end, _ in span_indices(view.nodes, view.collapses)]
+    spans = plan_collapse_spans(view.nodes, skip=existing)[:max_spans]
+    done = 0
+    for start, end in spans:
+        nodes = view.nodes[start : end + 1]
+        body = {
+            "model": rt.settings.compaction_model or session.model,
+            "max_tokens": 1024,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "text",
+                            "text": (
+                                f"{COLLAPSE_INSTRUCTION}\n\n<work>\n{render_for_summary(nodes)}\n</work>"
+                            ),
+                        }
+                    ],
+                }
+            ],
+        }
+        try:
+            result = await complete(rt, body)
+        except (CompactionFailed, ModelError) as exc:
+            log.warning("collapse summary failed: %s", exc)
+            break
+        text = "".join(b.get("text", "") for b in result.content if b.get("type") == "text")
+        text = extract_summary(text)
+        if not text:
+            continue
+        saved = sum(n.token_estimate for n in nodes) - chars_to_tokens(len(text)) - 10
+        if saved <= 0:
+            continue
+        async with rt.db.transaction() as db:
+            db.add(
+                Collapse(
+                    session_id=session_id,
+                    start_uuid=uuid.UUID(nodes[0].uuid),
+                    end_uuid=uuid.UUID(nodes[-1].uuid),
+                    summary=text,
+                    tokens_saved=saved,
+                    model=body["model"],
+                )
+            )
+        done += 1
+    return done
