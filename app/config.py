@@ -57,7 +57,7 @@ class Settings(BaseSettings):
         default="sqlite+aiosqlite:///./parley.db",
         validation_alias=AliasChoices("DATABASE_URL", "PARLEY_DATABASE_URL"),
     )
-    db_pool_size: int = Field(default=10, ge=1, le=200)
+    db_pool_size: int = Field(default=20, ge=1, le=200)
     db_echo: bool = False
 
     # HTTP

@@ -61,14 +61,15 @@ def make_engine(settings: Settings) -> AsyncEngine:
             cursor.close()
 
         return engine
+    # No pre-ping: it costs a round trip on every checkout, and a turn checks out a
+    # connection per step. Connections are recycled instead, and one that died is
+    # invalidated by the error that finds it.
     return create_async_engine(
         url,
         echo=settings.db_echo,
         pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
-        pool_pre_ping=True,
-        # asyncpg's statement cache is per connection; JSON/JSONB come back as text
-        # and are decoded by SQLAlchemy's json deserializer.
+        max_overflow=settings.db_pool_size // 2,
+        pool_recycle=1800,
     )
 
 

@@ -60,7 +60,7 @@ async def compact_now(
         params={"instructions": body.instructions},
     )
     await db.commit()
-    runtime.runs.launch(run.id)
+    runtime.runs.launch(run, session)
     if body.background:
         return JSONResponse(run_out(run).model_dump(mode="json"), status_code=202)
     await runtime.runs.wait_settled(run.id)

@@ -53,7 +53,7 @@ async def post_turn(
         )
         await db.commit()
         if run.status == "running":
-            runtime.runs.launch(run.id)
+            runtime.runs.launch(run, session)
     return await deliver(runtime, run, mode)
 
 
@@ -84,7 +84,7 @@ async def regenerate(
         params={"regenerate": str(message_uuid)},
     )
     await db.commit()
-    runtime.runs.launch(run.id)
+    runtime.runs.launch(run, session)
     return await deliver(runtime, run, mode)
 
 
@@ -171,5 +171,5 @@ async def submit_tool_results(
     after_seq = run.last_event_seq
     message_seq = await runtime.runs.submit_tool_results(db, session, run, body)
     await db.commit()
-    runtime.runs.launch(run.id)
+    runtime.runs.launch(run, session)
     return await deliver(runtime, run, mode, after_seq=after_seq, messages_after=message_seq)

@@ -55,12 +55,44 @@ TRUNCATED_TOOL_TEXT = (
     "run. Call it again with a shorter input."
 )
 EVENT_RESULT_CHARS = 2000
+USAGE_COUNTERS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
 
 
 def message_payload(row: Any) -> dict[str, Any]:
     """A stored message as sent in `message.completed` (the API's Message shape)."""
     data = dict(row) if isinstance(row, dict) else dict(row._mapping)
     return MessageOut.model_validate(data).model_dump(mode="json")
+
+
+def result_events(row: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The events that report a stored tool_result message: one `tool_result` per
+    result (content shortened), then `message.completed`."""
+    key = str(row["uuid"])
+    events: list[tuple[str, Any]] = []
+    for block in row["content"]:
+        if block.get("type") != "tool_result":
+            continue
+        content = block.get("content")
+        if isinstance(content, str) and len(content) > EVENT_RESULT_CHARS:
+            content = content[:EVENT_RESULT_CHARS] + f"... [{len(content)} characters]"
+        events.append(
+            (
+                "tool_result",
+                {
+                    "message_uuid": key,
+                    "tool_use_id": block["tool_use_id"],
+                    "is_error": bool(block.get("is_error")),
+                    "content": content,
+                },
+            )
+        )
+    events.append(("message.completed", message_payload(row)))
+    return events
 
 
 @dataclass
@@ -105,6 +137,8 @@ class TurnRunner:
         self.partial: Partial | None = None
         self.pending_results: dict[str, dict[str, Any]] = {}
         self.run_usage: dict[str, int] = dict(run.usage or {})
+        self.fresh_session = True
+        self.params: dict[str, Any] = dict(run.params or {})
 
     # --- events --------------------------------------------------------------------
 
@@ -114,26 +148,11 @@ class TurnRunner:
     def emit_nowait(self, event: str, data: Any) -> None:
         self.rt.events.emit_nowait(self.run_id, event, data)
 
-    async def emit_run(self, event: str) -> None:
-        async with self.rt.db.sessionmaker() as db:
-            run = await db.get(Run, self.run_id)
-            assert run is not None
-            await self.emit(event, run_json(run))
-
     # --- the loop ------------------------------------------------------------------
 
-    async def turn(self, first_start: bool) -> None:
-        if first_start:
-            await self.emit_run("run.started")
-            async with self.rt.db.sessionmaker() as db:
-                run = await db.get(Run, self.run_id)
-                if run is not None and run.user_message_uuid is not None:
-                    row = await store.get_message(db, self.session_id, run.user_message_uuid)
-                    if row is not None:
-                        await self.emit("message.completed", message_payload(row))
-        resumed = self.state.pop("resumed_message", None)
-        if resumed:
-            await self.report_tool_results(uuid.UUID(resumed))
+    async def turn(self) -> None:
+        """The loop. `run.started` and the user's message were reported when the run was
+        claimed (and tool results when they were submitted), in those transactions."""
         continuations = 0
         reactive_tried = False
         while True:
@@ -172,12 +191,16 @@ class TurnRunner:
         await self.finish("completed")
 
     async def prepare(self) -> tuple[AgentSession, list[Node]]:
-        """The session as it is now and the view the next request is built from."""
-        async with self.rt.db.sessionmaker() as db:
-            session = await db.get(AgentSession, self.session_id)
-            assert session is not None
-            self.session = session
-        nodes = await compaction.before_request(self, session)
+        """The session as it is now (the claim's copy on the first call: settings can be
+        patched during a run) and the view the next request is built from."""
+        if self.fresh_session:
+            self.fresh_session = False
+        else:
+            async with self.rt.db.sessionmaker() as db:
+                session = await db.get(AgentSession, self.session_id)
+                assert session is not None
+                self.session = session
+        nodes = await compaction.before_request(self, self.session)
         return self.session, nodes
 
     async def call_model(self, body: dict[str, Any]) -> tuple[uuid.UUID, MessageDone]:
@@ -264,9 +287,12 @@ class TurnRunner:
         usage = {key: int(value) for key, value in done.usage.items() if isinstance(value, int)}
         for key, value in usage.items():
             self.run_usage[key] = self.run_usage.get(key, 0) + value
-        async with self.rt.db.transaction() as db:
+        counters = {
+            name: getattr(AgentSession, name) + usage.get(name, 0) for name in USAGE_COUNTERS
+        }
+        async with self.rt.events.step(self.run_id) as step:
             row = await store.append(
-                db,
+                step.db,
                 self.session_id,
                 parent_uuid=self.head,
                 message_uuid=msg_uuid,
@@ -277,38 +303,24 @@ class TurnRunner:
                 stop_reason=done.stop_reason,
                 usage=usage,
                 run_id=self.run_id,
+                session_values={**counters, "last_request_at": now()},
             )
-            await db.execute(
-                update(AgentSession)
-                .where(AgentSession.id == self.session_id)
-                .values(
-                    input_tokens=AgentSession.input_tokens + usage.get("input_tokens", 0),
-                    output_tokens=AgentSession.output_tokens + usage.get("output_tokens", 0),
-                    cache_read_input_tokens=AgentSession.cache_read_input_tokens
-                    + usage.get("cache_read_input_tokens", 0),
-                    cache_creation_input_tokens=AgentSession.cache_creation_input_tokens
-                    + usage.get("cache_creation_input_tokens", 0),
-                    last_request_at=now(),
-                )
+            step.run_values.update(
+                usage=self.run_usage, state={**self.state, "model_calls": self.model_calls}
             )
-            await db.execute(
-                update(Run)
-                .where(Run.id == self.run_id)
-                .values(usage=self.run_usage, state={**self.state, "model_calls": self.model_calls})
-            )
+            step.add("message.completed", message_payload(row))
         for kind, value in usage.items():
             metrics.model_tokens.labels(kind).inc(value)
         self.partial = None
         self.head = msg_uuid
-        await self.emit("message.completed", message_payload(row))
         return row
 
     async def store_user(
         self, content: list[dict[str, Any]], *, is_meta: bool = False
     ) -> dict[str, Any]:
-        async with self.rt.db.transaction() as db:
+        async with self.rt.events.step(self.run_id) as step:
             row = await store.append(
-                db,
+                step.db,
                 self.session_id,
                 parent_uuid=self.head,
                 type="user",
@@ -317,8 +329,8 @@ class TurnRunner:
                 is_meta=is_meta,
                 run_id=self.run_id,
             )
+            step.add("message.completed", message_payload(row))
         self.head = row["uuid"]
-        await self.emit("message.completed", message_payload(row))
         return row
 
     # --- tools ---------------------------------------------------------------------
@@ -357,9 +369,9 @@ class TurnRunner:
             }
             for use in uses
         ]
-        async with self.rt.db.transaction() as db:
+        async with self.rt.events.step(self.run_id) as step:
             row = await store.append(
-                db,
+                step.db,
                 self.session_id,
                 parent_uuid=self.head,
                 type="user",
@@ -367,9 +379,10 @@ class TurnRunner:
                 content=blocks,
                 run_id=self.run_id,
             )
+            for event, data in result_events(row):
+                step.add(event, data)
         self.head = row["uuid"]
         self.pending_results = {}
-        await self.report_results(row)
         return False
 
     async def run_builtins(
@@ -395,60 +408,38 @@ class TurnRunner:
         content = truncate_middle(outcome.content, self.settings.tool_result_max_chars)
         return {"content": content, "is_error": outcome.is_error}
 
-    async def report_results(self, row: Any) -> None:
-        data = dict(row) if isinstance(row, dict) else dict(row._mapping)
-        key = str(data["uuid"])
-        for block in data["content"]:
-            if block.get("type") != "tool_result":
-                continue
-            content = block.get("content")
-            if isinstance(content, str) and len(content) > EVENT_RESULT_CHARS:
-                content = content[:EVENT_RESULT_CHARS] + f"... [{len(content)} characters]"
-            await self.emit(
-                "tool_result",
-                {
-                    "message_uuid": key,
-                    "tool_use_id": block["tool_use_id"],
-                    "is_error": bool(block.get("is_error")),
-                    "content": content,
-                },
-            )
-        await self.emit("message.completed", message_payload(data))
-
-    async def report_tool_results(self, message_uuid: uuid.UUID) -> None:
-        async with self.rt.db.sessionmaker() as db:
-            row = await store.get_message(db, self.session_id, message_uuid)
-        if row is not None:
-            self.head = row.uuid
-            await self.report_results(row)
-
     async def pause(
         self, waiting: list[dict[str, Any]], results: dict[str, dict[str, Any]]
     ) -> None:
         # While paused the lease is the deadline for the client's answer (then `expired`).
         deadline = now() + timedelta(seconds=self.settings.requires_action_ttl_seconds)
-        async with self.rt.db.transaction() as db:
-            run = await db.get(Run, self.run_id)
+        required = {
+            "type": "tool_results",
+            "tool_uses": [{"id": u["id"], "name": u["name"], "input": u["input"]} for u in waiting],
+        }
+        async with self.rt.events.step(self.run_id) as step:
+            run = await step.db.scalar(
+                update(Run)
+                .where(Run.id == self.run_id)
+                .values(
+                    status="requires_action",
+                    required_action=required,
+                    state={**self.state, "results": results, "model_calls": self.model_calls},
+                    lease_expires_at=deadline,
+                    worker_id=None,
+                )
+                .returning(Run)
+            )
             assert run is not None
-            run.status = "requires_action"
-            run.required_action = {
-                "type": "tool_results",
-                "tool_uses": [
-                    {"id": u["id"], "name": u["name"], "input": u["input"]} for u in waiting
-                ],
-            }
-            run.state = {**self.state, "results": results, "model_calls": self.model_calls}
-            run.lease_expires_at = deadline
-            run.worker_id = None
+            step.add("run.requires_action", run_json(run))
         self.pending_results = {}
-        await self.emit_run("run.requires_action")
 
     # --- ending --------------------------------------------------------------------
 
     async def finish(self, status: str, error: dict[str, Any] | None = None) -> bool:
         """Mark the run finished (unless someone else already did) and report it."""
-        async with self.rt.db.transaction() as db:
-            result = await db.execute(
+        async with self.rt.events.step(self.run_id) as step:
+            run = await step.db.scalar(
                 update(Run)
                 .where(Run.id == self.run_id, Run.status == "running")
                 .values(
@@ -459,11 +450,13 @@ class TurnRunner:
                     required_action=None,
                     state={**self.state, "model_calls": self.model_calls},
                 )
+                .returning(Run)
             )
-        if result.rowcount == 0:
+            if run is not None:
+                step.add(f"run.{status}", run_json(run))
+        if run is None:
             return False
         metrics.runs_total.labels(self.kind, status).inc()
-        await self.emit_run(f"run.{status}")
         return True
 
     async def stop_cancelled(self, reason: str | None) -> None:
@@ -472,7 +465,8 @@ class TurnRunner:
         if reason == "external":
             return  # finished elsewhere (another replica cancelled or reaped it)
         partial, self.partial = self.partial, None
-        async with self.rt.db.transaction() as db:
+        async with self.rt.events.step(self.run_id) as step:
+            db = step.db
             run = await db.get(Run, self.run_id)
             session = await db.get(AgentSession, self.session_id)
             if run is None or session is None or run.status != "running":
@@ -501,8 +495,8 @@ class TurnRunner:
             )
             if answered:
                 stored.append(answered)
-        for row in stored:
-            await self.emit("message.completed", message_payload(row))
+            for row in stored:
+                step.add("message.completed", message_payload(row))
         if reason == "shutdown":
             await self.finish(
                 "failed",
@@ -515,23 +509,24 @@ class TurnRunner:
             await self.finish("cancelled")
 
 
-async def execute(rt: Any, run_id: uuid.UUID) -> uuid.UUID | None:
-    """Run (or resume) one run to its end or its next pause. Returns its session id."""
-    async with rt.db.sessionmaker() as db:
-        run = await db.get(Run, run_id)
-        if run is None or run.status != "running":
-            return None
-        session = await db.get(AgentSession, run.session_id)
-        if session is None:
-            return None
-        last_seq = max(run.last_event_seq, await rt.events.last_seq(run_id))
+async def execute(
+    rt: Any, run_id: uuid.UUID, run: Run | None = None, session: AgentSession | None = None
+) -> uuid.UUID | None:
+    """Run (or resume) one run to its end or its next pause. Returns its session id.
+    `run` and `session` are the claim's copies when the claim happened in this process."""
+    if run is None or session is None:
+        async with rt.db.sessionmaker() as db:
+            run = await db.get(Run, run_id)
+            session = await db.get(AgentSession, run.session_id) if run else None
+    if run is None or session is None or run.status != "running":
+        return None
     runner = TurnRunner(rt, run, session)
-    rt.events.open(run_id, last_seq)
+    rt.events.open(run_id, run.last_event_seq)
     try:
         if run.kind == "compact":
-            await compaction.run_manual(runner, first_start=last_seq == 0)
+            await compaction.run_manual(runner)
         else:
-            await runner.turn(first_start=last_seq == 0)
+            await runner.turn()
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is not None:

@@ -1,12 +1,17 @@
 """The run event log: a gap-free sequence per run, stored as the exact text sent, replayed
 from the store and then followed live (invariant 7).
 
-One writer task per run keeps publication in sequence order. Events that report a
-finished step (`durable`) are committed before anyone sees them; text and thinking
-deltas are published at once and written in small batches off the hot path, so a
-process that dies leaves a stored prefix. Subscribers in this process get events from
-memory; subscribers elsewhere read the table, woken by Postgres LISTEN/NOTIFY (the
-notification carries ids, not payloads) or, on SQLite, by polling.
+A run executing in this process has a channel. Deltas (`emit_nowait`) are published at
+once and written to the table in small batches off the hot path, so a process that
+dies leaves a stored prefix. Events that report a finished step are written in the
+step's own transaction (`step`), together with any deltas not yet written, and are
+published only after the commit: a client never hears of a step that is not stored.
+One task emits for a run, so publication follows the sequence.
+
+Followers in this process subscribe to the channel; followers elsewhere read the
+table, woken by Postgres LISTEN/NOTIFY (the notification carries ids, not payloads)
+or, on SQLite, by polling. Either way a follower first catches up from the table and
+the channel's unwritten events, then follows live, so it never skips an id.
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
 from app.models import FINAL_RUN_STATUSES, Run, RunEvent
@@ -30,7 +36,6 @@ log = logging.getLogger("parley.events")
 NOTIFY_CHANNEL = "parley_run_events"
 TERMINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 PAUSE_EVENT = "run.requires_action"
-_CLOSE = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +49,8 @@ def dumps(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-@dataclass
-class _Pending:
-    event: StoredEvent
-    durable: bool
-    done: asyncio.Future[None] | None = None
+def event_rows(run_id: uuid.UUID, events: list[StoredEvent]) -> list[dict[str, Any]]:
+    return [{"run_id": run_id, "seq": e.seq, "event": e.event, "data": e.data} for e in events]
 
 
 @dataclass
@@ -57,10 +59,33 @@ class RunChannel:
 
     run_id: uuid.UUID
     next_seq: int
-    queue: asyncio.Queue[_Pending | object] = field(default_factory=asyncio.Queue)
-    unflushed: list[StoredEvent] = field(default_factory=list)
-    subscribers: set[asyncio.Queue[StoredEvent]] = field(default_factory=set)
-    writer: asyncio.Task[None] | None = None
+    unwritten: list[StoredEvent] = field(default_factory=list)  # published, not stored yet
+    subscribers: set[asyncio.Queue[StoredEvent | None]] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    flush_timer: asyncio.TimerHandle | None = None
+
+    def take_seq(self, event: str, data: Any) -> StoredEvent:
+        stored = StoredEvent(self.next_seq, event, dumps(data))
+        self.next_seq += 1
+        return stored
+
+    def publish(self, event: StoredEvent | None) -> None:
+        for subscriber in self.subscribers:
+            subscriber.put_nowait(event)
+
+
+class Step:
+    """Events added inside a step transaction; published after its commit."""
+
+    def __init__(self, hub: EventHub, channel: RunChannel, db: AsyncSession) -> None:
+        self.hub = hub
+        self.channel = channel
+        self.db = db
+        self.events: list[StoredEvent] = []
+        self.run_values: dict[str, Any] = {}  # set on the run row with its last event seq
+
+    def add(self, event: str, data: Any) -> None:
+        self.events.append(self.channel.take_seq(event, data))
 
 
 class EventHub:
@@ -68,7 +93,8 @@ class EventHub:
         self.db = db
         self.flush_seconds = flush_seconds
         self.channels: dict[uuid.UUID, RunChannel] = {}
-        self._remote_wakeups: dict[uuid.UUID, set[asyncio.Event]] = {}
+        self._wakeups: dict[uuid.UUID, set[asyncio.Event]] = {}
+        self._flushes: set[asyncio.Task[None]] = set()
         self._listener: Any = None
 
     # --- writing -------------------------------------------------------------------
@@ -77,101 +103,103 @@ class EventHub:
         """Start (or resume) the live channel of a run that executes here."""
         channel = self.channels.get(run_id)
         if channel is None:
-            channel = RunChannel(run_id=run_id, next_seq=last_seq + 1)
-            channel.writer = asyncio.create_task(self._write_loop(channel))
-            self.channels[run_id] = channel
+            channel = self.channels[run_id] = RunChannel(run_id=run_id, next_seq=last_seq + 1)
+            self.wake(run_id)  # followers polling the table can switch to the channel
         return channel
 
     async def close(self, run_id: uuid.UUID) -> None:
-        """Flush what is left and stop the run's writer."""
+        """Write what is left and end the channel (followers go on from the table)."""
         channel = self.channels.get(run_id)
         if channel is None:
             return
-        channel.queue.put_nowait(_CLOSE)
-        if channel.writer is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(channel.writer)
+        await self._flush(channel)
         self.channels.pop(run_id, None)
-        for subscriber in channel.subscribers:
-            subscriber.put_nowait(_closed_marker())
+        channel.publish(None)
 
-    def emit_nowait(self, run_id: uuid.UUID, event: str, data: Any) -> int:
-        """A delta: published at once, stored in the next batch. Returns its seq."""
+    def emit_nowait(self, run_id: uuid.UUID, event: str, data: Any) -> None:
+        """A delta: published at once, stored within `flush_seconds`."""
         channel = self.channels[run_id]
-        stored = StoredEvent(channel.next_seq, event, dumps(data))
-        channel.next_seq += 1
-        channel.queue.put_nowait(_Pending(stored, durable=False))
-        return stored.seq
+        stored = channel.take_seq(event, data)
+        channel.unwritten.append(stored)
+        channel.publish(stored)
+        if channel.flush_timer is None:
+            channel.flush_timer = asyncio.get_running_loop().call_later(
+                self.flush_seconds, self._schedule_flush, channel
+            )
 
-    async def emit(self, run_id: uuid.UUID, event: str, data: Any) -> int:
-        """A step event: returns once it is committed (and then published)."""
+    @contextlib.asynccontextmanager
+    async def step(self, run_id: uuid.UUID) -> AsyncIterator[Step]:
+        """A transaction for one finished step and the events that report it."""
         channel = self.channels[run_id]
-        stored = StoredEvent(channel.next_seq, event, dumps(data))
-        channel.next_seq += 1
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        channel.queue.put_nowait(_Pending(stored, durable=True, done=done))
-        await asyncio.shield(done)
-        return stored.seq
-
-    async def _write_loop(self, channel: RunChannel) -> None:
-        while True:
+        async with channel.lock, self.db.sessionmaker() as db:
+            step = Step(self, channel, db)
             try:
-                item = await asyncio.wait_for(
-                    channel.queue.get(), timeout=self.flush_seconds if channel.unflushed else None
-                )
-            except TimeoutError:
-                await self._flush(channel)
-                continue
-            if item is _CLOSE:
-                await self._flush(channel)
-                return
-            assert isinstance(item, _Pending)
-            if item.durable:
-                channel.unflushed.append(item.event)
-                try:
-                    await self._flush(channel)
-                except Exception as exc:
-                    if item.done is not None and not item.done.done():
-                        item.done.set_exception(exc)
-                    continue
-                self._publish(channel, item.event)
-                if item.done is not None and not item.done.done():
-                    item.done.set_result(None)
-            else:
-                self._publish(channel, item.event)
-                channel.unflushed.append(item.event)
+                yield step
+                written = [*channel.unwritten, *step.events]
+                if written or step.run_values:
+                    await self._write(db, run_id, written, step.run_values)
+                await db.commit()
+            except BaseException:
+                await db.rollback()
+                # The step did not happen: give its ids back so the sequence stays gap-free.
+                if step.events:
+                    channel.next_seq = step.events[0].seq
+                raise
+            del channel.unwritten[: len(written) - len(step.events)]
+        for event in step.events:
+            channel.publish(event)
 
-    def _publish(self, channel: RunChannel, event: StoredEvent) -> None:
-        for subscriber in channel.subscribers:
-            subscriber.put_nowait(event)
+    async def emit(self, run_id: uuid.UUID, event: str, data: Any) -> None:
+        """An event of its own: returns once it is stored (and published)."""
+        async with self.step(run_id) as step:
+            step.add(event, data)
+
+    def _schedule_flush(self, channel: RunChannel) -> None:
+        channel.flush_timer = None
+        task = asyncio.create_task(self._flush(channel))
+        self._flushes.add(task)
+        task.add_done_callback(self._flushes.discard)
 
     async def _flush(self, channel: RunChannel) -> None:
-        batch = list(channel.unflushed)
-        if not batch:
-            return
-        try:
-            async with self.db.transaction() as db:
-                await db.execute(
-                    insert(RunEvent),
-                    [
-                        {"run_id": channel.run_id, "seq": e.seq, "event": e.event, "data": e.data}
-                        for e in batch
-                    ],
-                )
-                await db.execute(
-                    update(Run).where(Run.id == channel.run_id).values(last_event_seq=batch[-1].seq)
-                )
-                if not self.db.is_sqlite:
-                    await db.execute(
-                        text("SELECT pg_notify(:channel, :payload)"),
-                        {"channel": NOTIFY_CHANNEL, "payload": f"{channel.run_id}:{batch[-1].seq}"},
-                    )
-        except Exception:
-            log.exception("could not store events of run %s", channel.run_id)
-            raise
-        # Removed only after the commit, so a subscriber always finds an event either
-        # in the table or here.
-        del channel.unflushed[: len(batch)]
+        if channel.flush_timer is not None:
+            channel.flush_timer.cancel()
+            channel.flush_timer = None
+        async with channel.lock:
+            batch = list(channel.unwritten)
+            if not batch:
+                return
+            try:
+                async with self.db.transaction() as db:
+                    await self._write(db, channel.run_id, batch)
+            except Exception:
+                log.exception("could not store events of run %s", channel.run_id)
+                return
+            # Dropped only after the commit: a follower finds each event in one place or
+            # the other.
+            del channel.unwritten[: len(batch)]
+
+    async def _write(
+        self,
+        db: AsyncSession,
+        run_id: uuid.UUID,
+        events: list[StoredEvent],
+        run_values: dict[str, Any] | None = None,
+    ) -> None:
+        values = dict(run_values or {})
+        if events:
+            await db.execute(insert(RunEvent), event_rows(run_id, events))
+            values["last_event_seq"] = events[-1].seq
+        await db.execute(update(Run).where(Run.id == run_id).values(**values))
+        if events:
+            await self.notify(db, run_id, events[-1].seq)
+
+    async def notify(self, db: AsyncSession, run_id: uuid.UUID, seq: int) -> None:
+        """Tell followers in other processes (sent when the transaction commits)."""
+        if not self.db.is_sqlite:
+            await db.execute(
+                text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": NOTIFY_CHANNEL, "payload": f"{run_id}:{seq}"},
+            )
 
     # --- reading -------------------------------------------------------------------
 
@@ -184,11 +212,6 @@ class EventHub:
             )
             return [StoredEvent(seq, event, data) for seq, event, data in result.all()]
 
-    async def last_seq(self, run_id: uuid.UUID) -> int:
-        async with self.db.sessionmaker() as db:
-            value = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run_id))
-            return int(value or 0)
-
     async def follow(
         self,
         run_id: uuid.UUID,
@@ -197,79 +220,60 @@ class EventHub:
         status: Callable[[], Awaitable[str | None]],
         poll_seconds: float = 1.0,
     ) -> AsyncGenerator[StoredEvent, None]:
-        """Every event after `after`, in order and without gaps: the stored ones first,
-        then live ones, until the run ends or pauses for client tools."""
+        """Every event after `after`, in order and without gaps, until the run ends or
+        pauses for client tools."""
         last = after
-        channel = self.channels.get(run_id)
-        inbox: asyncio.Queue[StoredEvent] = asyncio.Queue()
-        snapshot: list[StoredEvent] = []
+        inbox: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
         wakeup = asyncio.Event()
-        if channel is not None:
-            # Subscribe and snapshot with no await in between: nothing can slip past.
-            channel.subscribers.add(inbox)
-            snapshot = list(channel.unflushed)
-        else:
-            self._remote_wakeups.setdefault(run_id, set()).add(wakeup)
+        self._wakeups.setdefault(run_id, set()).add(wakeup)
+        subscribed: RunChannel | None = None
         try:
-            backlog = await self.stored(run_id, last)
-            backlog += [e for e in snapshot if not backlog or e.seq > backlog[-1].seq]
-            for event in backlog:
-                if event.seq != last + 1:
-                    continue
-                last = event.seq
-                yield event
-                if await self._stops(event, run_id, last, status):
-                    return
             while True:
-                if channel is not None and run_id in self.channels:
-                    event = await inbox.get()
-                    if event.seq == -1:  # channel closed: the rest is in the table
-                        channel = None
-                        continue
-                    if event.seq <= last:
-                        continue
-                    if event.seq > last + 1:  # never expected; heal from the table
-                        for missing in await self.stored(run_id, last):
-                            if missing.seq >= event.seq:
-                                break
-                            last = missing.seq
-                            yield missing
-                    last = event.seq
-                    yield event
-                    if await self._stops(event, run_id, last, status):
-                        return
-                    continue
-                fresh = await self.stored(run_id, last)
-                for event in fresh:
-                    last = event.seq
-                    yield event
-                    if await self._stops(event, run_id, last, status):
-                        return
-                if not fresh:
-                    current = await status()
-                    if current is None or current in FINAL_RUN_STATUSES:
-                        # The status is committed just before the final event is stored:
-                        # give that event a moment to land, then stop.
-                        async for event in self._tail(run_id, last):
-                            yield event
-                        return
-                    if run_id in self.channels:  # it (re)started here meanwhile
-                        channel = self.channels[run_id]
+                # Catch up: subscribe first, then the table, then what the channel has
+                # published but not stored (taken with no await after subscribing).
+                channel = self.channels.get(run_id)
+                unwritten: list[StoredEvent] = []
+                if channel is not None:
+                    if channel is not subscribed:
                         channel.subscribers.add(inbox)
+                        subscribed = channel
+                    unwritten = list(channel.unwritten)
+                for event in [*await self.stored(run_id, last), *unwritten]:
+                    if event.seq != last + 1:
                         continue
-                    wakeup.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wakeup.wait(), timeout=poll_seconds)
+                    last = event.seq
+                    yield event
+                    if await self._stops(event, run_id, status):
+                        return
+                if channel is not None and run_id in self.channels:
+                    # Live: in order; a gap (never expected) sends us back to catch up.
+                    while (live := await inbox.get()) is not None:
+                        if live.seq <= last:
+                            continue
+                        if live.seq > last + 1:
+                            break
+                        last = live.seq
+                        yield live
+                        if await self._stops(live, run_id, status):
+                            return
+                    continue
+                current = await status()
+                if current is None or current in FINAL_RUN_STATUSES:
+                    # The status commits just before the final event: let it land.
+                    async for event in self._tail(run_id, last):
+                        yield event
+                    return
+                wakeup.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), timeout=poll_seconds)
         finally:
-            if channel is not None:
-                channel.subscribers.discard(inbox)
-            for ch in self.channels.values():
-                ch.subscribers.discard(inbox)
-            waiters = self._remote_wakeups.get(run_id)
+            if subscribed is not None:
+                subscribed.subscribers.discard(inbox)
+            waiters = self._wakeups.get(run_id)
             if waiters is not None:
                 waiters.discard(wakeup)
                 if not waiters:
-                    self._remote_wakeups.pop(run_id, None)
+                    self._wakeups.pop(run_id, None)
 
     async def _tail(
         self, run_id: uuid.UUID, last: int, wait_seconds: float = 5.0
@@ -286,11 +290,7 @@ class EventHub:
             await asyncio.sleep(0.05)
 
     async def _stops(
-        self,
-        event: StoredEvent,
-        run_id: uuid.UUID,
-        seq: int,
-        status: Callable[[], Awaitable[str | None]],
+        self, event: StoredEvent, run_id: uuid.UUID, status: Callable[[], Awaitable[str | None]]
     ) -> bool:
         if event.event in TERMINAL_EVENTS:
             return True
@@ -298,13 +298,13 @@ class EventHub:
             # A pause ends the stream unless the run has moved on since (resumed, or
             # ended: then its next events follow).
             channel = self.channels.get(run_id)
-            if channel is not None and channel.next_seq > seq + 1:
+            if channel is not None and channel.next_seq > event.seq + 1:
                 return False
-            return await status() == "requires_action" and not await self.stored(run_id, seq)
+            return await status() == "requires_action" and not await self.stored(run_id, event.seq)
         return False
 
-    def wake_remote(self, run_id: uuid.UUID) -> None:
-        for wakeup in self._remote_wakeups.get(run_id, ()):
+    def wake(self, run_id: uuid.UUID) -> None:
+        for wakeup in self._wakeups.get(run_id, ()):
             wakeup.set()
 
     # --- cross-process wakeups (Postgres) ------------------------------------------
@@ -323,16 +323,15 @@ class EventHub:
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         run_id, _, _ = payload.partition(":")
         with contextlib.suppress(ValueError):
-            self.wake_remote(uuid.UUID(run_id))
+            self.wake(uuid.UUID(run_id))
 
     async def stop(self) -> None:
         for run_id in list(self.channels):
             await self.close(run_id)
+        for task in list(self._flushes):
+            with contextlib.suppress(Exception):
+                await task
         if self._listener is not None:
             with contextlib.suppress(Exception):
                 await self._listener.close()
             self._listener = None
-
-
-def _closed_marker() -> StoredEvent:
-    return StoredEvent(-1, "", "")

@@ -19,16 +19,17 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from app.context.blocks import as_blocks
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ACTIVE_RUN_STATUSES, FINAL_RUN_STATUSES, AgentSession, Run, RunEvent
 from app.schemas import IfBusy, RunOut, ToolResultsIn
 from app.services import metrics, store
-from app.services.events import dumps
+from app.services.events import EventHub, StoredEvent, dumps, event_rows
 from app.services.tools.builtin import truncate_middle
 
 if TYPE_CHECKING:
@@ -84,12 +85,19 @@ async def load_run(db: AsyncSession, session_id: uuid.UUID, run_id: uuid.UUID) -
     return run
 
 
-async def append_event_direct(db: AsyncSession, run: Run, event: str, data: Any) -> None:
-    """Add an event to a run that has no live writer here (queued, paused, remote, dead)."""
-    last = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id))
-    seq = int(last or 0) + 1
-    db.add(RunEvent(run_id=run.id, seq=seq, event=event, data=dumps(data)))
-    run.last_event_seq = seq
+async def append_events_direct(
+    db: AsyncSession, events: EventHub, run: Run, items: list[tuple[str, Any]], *, after: int | None
+) -> None:
+    """Store events of a run that has no live channel here (being claimed, paused,
+    queued, remote or dead), in the caller's transaction, after event `after` (None:
+    after the last one stored)."""
+    if after is None:
+        stored = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id))
+        after = int(stored or 0)
+    batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
+    await db.execute(insert(RunEvent), event_rows(run.id, batch))
+    run.last_event_seq = batch[-1].seq
+    await events.notify(db, run.id, batch[-1].seq)
 
 
 async def answer_open_tool_uses(
@@ -187,13 +195,11 @@ class RunManager:
         then calls `launch` when the run's status is `running`."""
         if parent_uuid is not None and await store.get_message(db, session.id, parent_uuid) is None:
             raise NotFound(f"Message {parent_uuid} not found in this session")
-        active = await self.active(db, session.id)
-        if active is not None:
-            if if_busy == "reject":
-                raise conflict_for(active)
-            if if_busy == "interrupt":
-                await self.cancel(db, session, active, reason="interrupted by a newer turn")
-                await db.flush()
+        # `reject` relies on the database alone (the claim fails if a run is active).
+        active = None if if_busy == "reject" else await self.active(db, session.id)
+        if active is not None and if_busy == "interrupt":
+            await self.cancel(db, session, active, reason="interrupted by a newer turn")
+            await db.flush()
         params = {
             "content": content,
             "parent_uuid": str(parent_uuid) if parent_uuid else None,
@@ -209,31 +215,25 @@ class RunManager:
             request_hash=digest,
             usage={},
             state={},
+            last_event_seq=0,
+            created_at=now(),
         )
-        db.add(run)
         if active is not None and if_busy == "enqueue":
+            db.add(run)
             await db.flush()
             return run
         await self._claim(db, session, run)
         return run
 
     async def _claim(self, db: AsyncSession, session: AgentSession, run: Run) -> None:
-        """Make `run` the session's active run and store its user message."""
-        run.status = "running"
-        run.started_at = now()
-        run.worker_id = self.rt.worker_id
-        run.lease_expires_at = self.lease_deadline()
-        try:
-            async with db.begin_nested():
-                await db.flush()
-        except IntegrityError:
-            active = await self.active(db, session.id)
-            if active is not None:
-                raise conflict_for(active) from None
-            raise
+        """Make `run` the session's active run, store its user message and report both
+        (`run.started`, `message.completed`) in the same transaction. A conflict rolls
+        the whole transaction back: nothing of the turn is stored."""
         content = run.params.get("content")
         parent = run.params.get("parent_uuid")
         parent_uuid = uuid.UUID(parent) if parent else session.head_uuid
+        head = parent_uuid
+        row = None
         if content is not None:
             row = await store.append(
                 db,
@@ -244,9 +244,31 @@ class RunManager:
                 content=as_blocks(content),
                 run_id=run.id,
             )
-            run.user_message_uuid = row["uuid"]
+            head = row["uuid"]
+            run.user_message_uuid = head
         else:  # a regeneration: the reply grows from the given node
             await store.set_head(db, session.id, parent_uuid)
+        set_committed_value(session, "head_uuid", head)
+        run.status = "running"
+        run.started_at = now()
+        run.worker_id = self.rt.worker_id
+        run.lease_expires_at = self.lease_deadline()
+        db.add(run)
+        try:
+            await db.flush()
+        except IntegrityError:
+            session_id = run.session_id  # read before the rollback expires the objects
+            await db.rollback()
+            active = await self.active(db, session_id)
+            if active is not None:
+                raise conflict_for(active) from None
+            raise
+        from app.services.agent import message_payload
+
+        events = [("run.started", run_json(run))]
+        if row is not None:
+            events.append(("message.completed", message_payload(row)))
+        await append_events_direct(db, self.rt.events, run, events, after=run.last_event_seq)
         await db.flush()
 
     async def active(self, db: AsyncSession, session_id: uuid.UUID) -> Run | None:
@@ -254,21 +276,25 @@ class RunManager:
             select(Run).where(Run.session_id == session_id, Run.status.in_(ACTIVE_RUN_STATUSES))
         )
 
-    def launch(self, run_id: uuid.UUID) -> None:
-        """Execute a claimed run in this process (after its claim is committed)."""
-        if run_id in self.tasks:
+    def launch(self, run: Run, session: AgentSession | None = None) -> None:
+        """Execute a claimed run in this process (after its claim is committed). With the
+        claim's `session` the run starts without reloading anything."""
+        if run.id in self.tasks:
             return
-        self._settled.setdefault(run_id, asyncio.Event()).clear()
-        task = asyncio.create_task(self._execute(run_id), name=f"run-{run_id}")
-        self.tasks[run_id] = task
+        self._settled.setdefault(run.id, asyncio.Event()).clear()
+        snapshot = (run, session) if session is not None else (None, None)
+        task = asyncio.create_task(self._execute(run.id, *snapshot), name=f"run-{run.id}")
+        self.tasks[run.id] = task
 
-    async def _execute(self, run_id: uuid.UUID) -> None:
+    async def _execute(
+        self, run_id: uuid.UUID, run: Run | None = None, session: AgentSession | None = None
+    ) -> None:
         from app.services.agent import execute
 
         metrics.runs_active.inc()
         session_id: uuid.UUID | None = None
         try:
-            session_id = await execute(self.rt, run_id)
+            session_id = await execute(self.rt, run_id, run, session)
         except Exception:
             log.exception("run %s crashed", run_id)
         finally:
@@ -301,23 +327,22 @@ class RunManager:
         now, under the head of this moment."""
         try:
             async with self.rt.db.transaction() as db:
-                if await self.active(db, session_id) is not None:
-                    return None
                 run = await db.scalar(
                     select(Run)
                     .where(Run.session_id == session_id, Run.status == "queued")
                     .order_by(Run.created_at, Run.id)
                     .limit(1)
                 )
+                if run is None or await self.active(db, session_id) is not None:
+                    return None
                 session = await db.get(AgentSession, session_id)
-                if run is None or session is None:
+                if session is None:
                     return None
                 await self._claim(db, session, run)
-                run_id = run.id
         except Conflict:
             return None
-        self.launch(run_id)
-        return run_id
+        self.launch(run, session)
+        return run.id
 
     # --- client tools ----------------------------------------------------------------
 
@@ -353,11 +378,12 @@ class RunManager:
         run.required_action = None
         run.worker_id = self.rt.worker_id
         run.lease_expires_at = self.lease_deadline()
-        run.state = {
-            **run.state,
-            "results": {},
-            "resumed_message": str(row["uuid"]) if row else None,
-        }
+        run.state = {**run.state, "results": {}}
+        if row is not None:
+            from app.services.agent import result_events
+
+            set_committed_value(session, "head_uuid", row["uuid"])
+            await append_events_direct(db, self.rt.events, run, result_events(row), after=None)
         await db.flush()
         return int(row["seq"]) if row else 0
 
@@ -387,9 +413,11 @@ class RunManager:
         run.required_action = None
         run.finished_at = now()
         run.lease_expires_at = None
-        await append_event_direct(db, run, "run.cancelled", run_json(run))
+        await append_events_direct(
+            db, self.rt.events, run, [("run.cancelled", run_json(run))], after=None
+        )
         await db.flush()
-        self.rt.events.wake_remote(run.id)
+        self.rt.events.wake(run.id)
         metrics.runs_total.labels(run.kind, "cancelled").inc()
         return run
 
@@ -521,10 +549,12 @@ class RunManager:
             run.required_action = None
             run.finished_at = now()
             run.lease_expires_at = None
-            await append_event_direct(db, run, "run.failed", run_json(run))
+            await append_events_direct(
+                db, self.rt.events, run, [("run.failed", run_json(run))], after=None
+            )
             log.warning("run %s failed: %s", run.id, error["type"])
         metrics.runs_total.labels(run.kind, "failed").inc()
-        self.rt.events.wake_remote(run_id)
+        self.rt.events.wake(run_id)
 
     async def shutdown(self) -> None:
         """Give running turns a moment to finish, then stop them as interrupted."""

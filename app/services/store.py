@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import Row, Table, func, insert, literal, select, update
+from sqlalchemy import Row, Table, Uuid, bindparam, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.tokens import estimate_content
@@ -33,11 +34,16 @@ messages_t = cast(Table, Message.__table__)
 MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never reached
 
 
-def _chain_query(head: uuid.UUID, *, full: bool, columns: Sequence[str] | None = None) -> Any:
+@lru_cache(maxsize=16)
+def _chain_query(full: bool, columns: tuple[str, ...] | None) -> Any:
+    """Built once per shape (statement construction is a real share of a turn's CPU);
+    the head is a bound parameter. Rows come unordered with their depth: sorting them
+    in Python is cheaper than Postgres sorting wide rows (which spills to disk on long
+    chains)."""
     m = messages_t
     start = select(
         m.c.uuid, m.c.parent_uuid, m.c.logical_parent_uuid, literal(0).label("depth")
-    ).where(m.c.uuid == head)
+    ).where(m.c.uuid == bindparam("head", type_=Uuid))
     chain = start.cte("chain", recursive=True)
     parent = m.alias("parent")
     next_uuid = (
@@ -58,7 +64,9 @@ def _chain_query(head: uuid.UUID, *, full: bool, columns: Sequence[str] | None =
     )
     chain = chain.union_all(step)
     selected = [m.c[name] for name in columns] if columns else [m]
-    return select(*selected).join(chain, m.c.uuid == chain.c.uuid).order_by(chain.c.depth.desc())
+    return select(*selected, chain.c.depth.label("chain_depth")).join(
+        chain, m.c.uuid == chain.c.uuid
+    )
 
 
 async def chain_rows(
@@ -67,13 +75,15 @@ async def chain_rows(
     *,
     full: bool,
     columns: Sequence[str] | None = None,
-) -> Sequence[Row[Any]]:
+) -> list[Any]:
     """Rows from the root (or the nearest boundary) down to `head`, oldest first
     (only `columns` of them when given)."""
     if head is None:
         return []
-    result = await db.execute(_chain_query(head, full=full, columns=columns))
-    return result.all()
+    query = _chain_query(full, tuple(columns) if columns else None)
+    rows = list(await db.execute(query, {"head": head}))
+    rows.sort(key=lambda row: row.chain_depth, reverse=True)
+    return rows
 
 
 def to_node(row: Any) -> Node:
@@ -109,12 +119,15 @@ async def get_message(
     return result.first()
 
 
-async def allocate_seq(db: AsyncSession, session_id: uuid.UUID, count: int = 1) -> int:
-    """Reserve `count` sequence numbers; returns the first. Locks the session row briefly."""
+async def allocate_seq(
+    db: AsyncSession, session_id: uuid.UUID, count: int = 1, **session_values: Any
+) -> int:
+    """Reserve `count` sequence numbers (returns the first), setting `session_values` on
+    the session row in the same statement. Locks the session row until commit."""
     result = await db.execute(
         update(AgentSession)
         .where(AgentSession.id == session_id)
-        .values(message_seq=AgentSession.message_seq + count)
+        .values(message_seq=AgentSession.message_seq + count, **session_values)
         .returning(AgentSession.message_seq)
     )
     last = int(result.scalar_one())
@@ -170,11 +183,16 @@ async def append(
     *,
     parent_uuid: uuid.UUID | None,
     move_head: bool = True,
+    session_values: dict[str, Any] | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """Insert one message under `parent_uuid` and (by default) make it the head."""
     [row] = await append_many(
-        db, session_id, [{"parent_uuid": parent_uuid, **fields}], move_head=move_head
+        db,
+        session_id,
+        [{"parent_uuid": parent_uuid, **fields}],
+        move_head=move_head,
+        session_values=session_values,
     )
     return row
 
@@ -185,15 +203,20 @@ async def append_many(
     specs: list[dict[str, Any]],
     *,
     move_head: bool = True,
+    session_values: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Insert messages in order, each spec holding `new_row` fields (its own parent)."""
+    """Insert messages in order, each spec holding `new_row` fields (its own parent).
+    One UPDATE of the session row reserves their seqs, moves the head and applies
+    `session_values` (usage counters, say)."""
     if not specs:
         return []
-    first = await allocate_seq(db, session_id, len(specs))
+    specs = [{**spec, "message_uuid": spec.get("message_uuid") or uuid.uuid4()} for spec in specs]
+    values = dict(session_values or {})
+    if move_head:
+        values.update(head_uuid=specs[-1]["message_uuid"], updated_at=utcnow())
+    first = await allocate_seq(db, session_id, len(specs), **values)
     rows = [new_row(session_id=session_id, seq=first + i, **spec) for i, spec in enumerate(specs)]
     await db.execute(insert(messages_t), rows)
-    if move_head:
-        await set_head(db, session_id, rows[-1]["uuid"])
     return rows
 
 

@@ -13,10 +13,9 @@ from app.context.summary_prompt import (
 )
 from app.context.tokens import chars_to_tokens
 from app.models import AgentSession, Collapse
-from app.services.compaction.estimates import request_estimate
 from app.services.compaction.summary import CompactionFailed, complete
 from app.services.llm.errors import ModelError
-from app.services.sessions import Limits
+from app.services.sessions import Limits, estimated_tokens
 from app.services.view import load_view, span_indices
 
 if TYPE_CHECKING:
@@ -40,11 +39,12 @@ async def collapse_spans(rt: Runtime, session_id: uuid.UUID, *, max_spans: int =
         session = await db.get(AgentSession, session_id)
         if session is None:
             return 0
+        limits = Limits(session, rt.settings)
+        # The cheap estimate first (three columns of the chain): most sessions stop here.
+        estimate = await estimated_tokens(db, session)
+        if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
+            return 0
         view = await load_view(db, session)
-    limits = Limits(session, rt.settings)
-    estimate = request_estimate(session, view)
-    if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
-        return 0
     existing = [(start, end) for start, end, _ in span_indices(view.nodes, view.collapses)]
     spans = plan_collapse_spans(view.nodes, skip=existing)[:max_spans]
     done = 0

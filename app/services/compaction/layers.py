@@ -12,7 +12,7 @@ from sqlalchemy import update
 
 from app.context.micro import plan_micro
 from app.context.types import Node
-from app.models import AgentSession, Collapse, MicroWatermark, Run
+from app.models import AgentSession, Collapse, MicroWatermark
 from app.services import metrics
 from app.services.compaction.compact import NothingToCompact, compact
 from app.services.compaction.estimates import cache_cold, request_estimate
@@ -137,21 +137,13 @@ async def reactive(runner: TurnRunner, error: PromptTooLong) -> None:
         ) from exc
 
 
-async def run_manual(runner: TurnRunner, *, first_start: bool) -> None:
+async def run_manual(runner: TurnRunner) -> None:
     """A run of kind `compact` (POST /sessions/{id}/compact)."""
     from app.services.agent import RunFailed
 
-    if first_start:
-        await runner.emit_run("run.started")
-    async with runner.rt.db.sessionmaker() as db:
-        run = await db.get(Run, runner.run_id)
-        session = await db.get(AgentSession, runner.session_id)
-    assert run is not None
-    assert session is not None
-    runner.session = session
-    instructions = (run.params or {}).get("instructions")
+    instructions = runner.params.get("instructions")
     try:
-        outcome = await compact(runner, session, "manual", instructions=instructions)
+        outcome = await compact(runner, runner.session, "manual", instructions=instructions)
     except NothingToCompact as exc:
         raise RunFailed("nothing_to_compact", str(exc)) from exc
     except CompactionFailed as exc:
