@@ -8,7 +8,7 @@ import sys
 BENCHMARKS: dict[str, str] = {
     "chain_load": "Loading a chain costs O(chain length), whatever else the table holds",
     "turns": "Parley's added latency and per-turn time vs a bare proxy; prompt cache share",
-    "compaction": "Compaction: micro savings, post-compaction size, per-turn and compaction time, cache share",
+    "compaction": "Micro savings, post-compaction size, turn and compaction time, cache share",
     "token_estimates": "The token estimator against real usage in Claude Code transcripts",
 }
 

@@ -24,11 +24,12 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import anthropic
 import asyncpg
 import uvicorn
+from anthropic.types import MessageParam, RawContentBlockDeltaEvent, TextDelta
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
@@ -147,11 +148,11 @@ class Proxy:
         stream = await self.sdk.messages.create(
             model=self.config.model,
             max_tokens=MAX_TOKENS,
-            messages=with_breakpoint(messages),
+            messages=cast(list[MessageParam], with_breakpoint(messages)),
             stream=True,
         )
         async for event in stream:
-            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+            if isinstance(event, RawContentBlockDeltaEvent) and isinstance(event.delta, TextDelta):
                 yield event.delta.text
 
     async def end_turn(self, session_id: uuid.UUID, text: str) -> dict[str, Any]:

@@ -53,11 +53,12 @@ class Child:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGINT to the child's process group (graceful for uvicorn), then SIGKILL."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGINT to the child (graceful for uvicorn; `uv run` forwards it, and only once:
+        a second SIGINT would cut a profile being written), then SIGKILL to its group."""
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGINT)
+                os.kill(self.popen.pid, signal.SIGINT)
             try:
                 self.popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -65,6 +66,32 @@ class Child:
                     os.killpg(self.popen.pid, signal.SIGKILL)
                 self.popen.wait(timeout=5)
         self.log.close()
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()  # fields after "pid (comm)"
+
+
+def cpu_seconds(root: int) -> float:
+    """User + system CPU time of a process and its descendants so far (Linux /proc)."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))) is not None:
+            parents[int(entry.name)] = int(fields[1])
+            times[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree = {root}
+    grew = True
+    while grew:
+        before = len(tree)
+        tree |= {pid for pid, parent in parents.items() if parent in tree}
+        grew = len(tree) > before
+    return sum(times.get(pid, 0.0) for pid in tree)
 
 
 def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:

@@ -21,8 +21,10 @@ difference is not positive (a request that dropped earlier thinking blocks, for 
 
 Reported over all pairs: real characters per token (median and spread), the
 estimator's error (estimate/real: median, p10, p90, share within +-20%, and the
-token-weighted total), the same for plain chars/4, and the CHARS_PER_TOKEN and
-per-block overhead that minimise the median absolute log error, with the error they give.
+token-weighted total sum/sum), the same for plain chars/4, where the error sits (by
+size and by tool), and the CHARS_PER_TOKEN and per-block overhead that minimise the
+median absolute log error (each alone, both, and with a per-message term), with the
+error they give. Nothing in app/ is changed: the figures are for whoever sets them.
 
     uv run python -m bench token_estimates [--data DIR] [--no-save]
 """
@@ -369,8 +371,8 @@ def fit(
                     best = (score, cpt, overhead, per_message)
     assert best is not None
     _, cpt, overhead, per_message = best
-    estimates = [float(p.fitted(cpt, overhead, per_message)) for p in pairs]
-    return Fit(cpt, overhead, per_message, error_stats(estimates, reals))
+    fitted = [float(p.fitted(cpt, overhead, per_message)) for p in pairs]
+    return Fit(cpt, overhead, per_message, error_stats(fitted, reals))
 
 
 # --- report -------------------------------------------------------------------------------

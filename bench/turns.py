@@ -1,19 +1,25 @@
 """Issue 3: what a turn through Parley costs beyond the model, next to a bare proxy.
 
 Three processes besides this one: the fake Anthropic API (zero latency, loopback),
-Parley (`python -m app serve`, its own scratch database) and `bench.baseline_proxy`
-(FastAPI + sse-starlette + asyncpg, its own scratch database). Three measurements:
+Parley (`uv run python -m app serve`, its own scratch database) and
+`bench.baseline_proxy` (FastAPI + sse-starlette + asyncpg, its own scratch database).
 
 1. Time to the first text delta (TTFT) through Parley (SSE), through the proxy (SSE)
-   and from the fake called directly with the SDK, interleaved in one run (rounds of
-   A, B, C in rotating order), at concurrency 1 and 10 (10 clients, one session each,
-   all ten turns of a round sent at once). Added latency = percentile of the service
-   minus the same percentile of the direct calls.
+   and from the fake called directly with the SDK, interleaved in one run: rounds of
+   A, B, C in rotating order, at concurrency 1 and 10 (10 clients, one session each,
+   the ten turns of a system's round sent at once). A service's added latency is each
+   of its TTFTs minus the median direct TTFT of the same round; p50/p99 are taken over
+   those. The CPU time each process used per turn is printed too (it does not depend
+   on what else the shared machine is doing).
 2. Per-turn time in wait mode (request to response) with a history of 10, 1,000 and
-   10,000 messages seeded straight into both databases, interleaved the same way.
-3. Prompt cache: a 30-turn session where every turn reads a workspace file with the
-   Read tool and then answers; the share of input tokens read from the cache on turns
-   2..30, summed from the usage the fake reports.
+   10,000 messages seeded straight into both databases (Parley's with
+   `store.append_many`), interleaved the same way; compaction off in those sessions.
+3. Prompt cache: a 30-turn session where every turn Reads a workspace file and then
+   answers (scripted fake replies); the share of input tokens read from the cache on
+   turns 2..30, summed from the usage the fake reports.
+
+Streams that Parley ends without `run.completed` are counted and reported (a
+correctness finding), not fatal. `--profile-parley FILE` runs Parley under cProfile.
 
     uv run python -m bench turns [--quick] [--only ttft,sizes,cache] [--profile-parley F]
 """
@@ -26,15 +32,16 @@ import json
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import anthropic
 import asyncpg
 import httpx
+from anthropic.types import MessageParam, RawContentBlockDeltaEvent, TextDelta
 
 from app.config import Settings
 from app.db import Database, make_engine
@@ -53,7 +60,7 @@ from bench.common import (
     table,
     verdict,
 )
-from bench.procs import Child, parley_env, start_fake, start_parley, start_proxy
+from bench.procs import Child, cpu_seconds, parley_env, start_fake, start_parley, start_proxy
 
 PARLEY_DB = "parley_bench_turns"
 PROXY_DB = "parley_bench_proxy"
@@ -110,7 +117,7 @@ class Target(Protocol):
 
     async def conversation(self, history: Sequence[str]) -> Any: ...
 
-    async def stream_turn(self, conv: Any, text: str) -> Sample: ...
+    async def stream_turn(self, conv: Any, text: str) -> Sample | None: ...
 
     async def wait_turn(self, conv: Any, text: str) -> float: ...
 
@@ -136,13 +143,14 @@ class Direct:
         first: float | None = None
         parts: list[str] = []
         last = {**conv[-1], "content": [{**conv[-1]["content"][0], "cache_control": EPHEMERAL}]}
+        messages = cast(list[MessageParam], [*conv[:-1], last])
         stream = await self.sdk.messages.create(
-            model=MODEL, max_tokens=MAX_TOKENS, messages=[*conv[:-1], last], stream=True
+            model=MODEL, max_tokens=MAX_TOKENS, messages=messages, stream=True
         )
         async for event in stream:
-            if event.type == "content_block_delta":
+            if isinstance(event, RawContentBlockDeltaEvent):
                 first = first or time.perf_counter()
-                if event.delta.type == "text_delta":
+                if isinstance(event.delta, TextDelta):
                     parts.append(event.delta.text)
         end = time.perf_counter()
         if first is None:
@@ -156,8 +164,9 @@ class Direct:
 
 @dataclass(frozen=True)
 class Streamed:
-    sample: Sample
+    sample: Sample | None  # None when no text delta arrived
     events: list[str]  # the SSE event names, in order
+    broken: bool = False  # the server closed the connection mid-body
 
     @property
     def last_event(self) -> str:
@@ -177,18 +186,22 @@ async def sse_turn(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -
     start = time.perf_counter()
     first: float | None = None
     received = bytearray()
+    broken = False
     async with client.stream("POST", path, json=body) as response:
         if response.status_code != 200:
             detail = (await response.aread())[:500]
             raise BenchError(f"POST {path}: {response.status_code} {detail!r}")
-        async for chunk in response.aiter_raw():
-            received += chunk
-            if first is None and TEXT_DELTA in received[-(len(chunk) + len(TEXT_DELTA)) :]:
-                first = time.perf_counter()
+        try:
+            async for chunk in response.aiter_raw():
+                received += chunk
+                if first is None and TEXT_DELTA in received[-(len(chunk) + len(TEXT_DELTA)) :]:
+                    first = time.perf_counter()
+        except httpx.RemoteProtocolError:
+            broken = True
     total = time.perf_counter() - start
-    if first is None:
-        raise BenchError(f"POST {path}: no text delta in {bytes(received[-500:])!r}")
-    return Streamed(Sample(first - start, total), event_names(bytes(received)))
+    events = event_names(bytes(received)) + (["<connection closed>"] if broken else [])
+    sample = Sample(first - start, total) if first is not None else None
+    return Streamed(sample, events, broken)
 
 
 def http_client(base_url: str, headers: dict[str, str] | None = None) -> httpx.AsyncClient:
@@ -249,15 +262,14 @@ class Parley:
         async with self.db.transaction() as db:
             await store.append_many(db, sid, specs)
 
-    async def stream_turn(self, sid: str, text: str) -> Sample:
+    async def stream_turn(self, sid: str, text: str) -> Sample | None:
         """A streamed turn. A stream that ends without `run.completed` is counted (see
         `truncated`) and the session waited on until idle, so the next turn can start."""
         body = {"content": text, "stream": True}
         streamed = await sse_turn(self.http, f"/sessions/{sid}/messages", body)
-        if streamed.last_event == "run.completed":
-            return streamed.sample
-        self.truncated.append(streamed.events)
-        await self.wait_idle(sid)
+        if streamed.last_event != "run.completed" or streamed.sample is None:
+            self.truncated.append(streamed.events)
+            await self.wait_idle(sid)
         return streamed.sample
 
     async def wait_idle(self, sid: str, limit_seconds: float = 60.0) -> None:
@@ -317,7 +329,7 @@ class Proxy:
     async def stream_turn(self, sid: str, text: str) -> Sample:
         body = {"content": text, "stream": True}
         streamed = await sse_turn(self.http, f"/sessions/{sid}/messages", body)
-        if streamed.last_event != "message.completed":
+        if streamed.last_event != "message.completed" or streamed.sample is None:
             raise BenchError(f"proxy: stream ended after {streamed.events[-3:]}")
         return streamed.sample
 
@@ -333,6 +345,27 @@ class Proxy:
 def rotated(targets: Sequence[Target], k: int) -> list[Target]:
     k %= len(targets)
     return [*targets[k:], *targets[:k]]
+
+
+# --- process CPU ---------------------------------------------------------------------
+
+
+CpuMeter = Callable[[], dict[str, float]]
+
+
+def cpu_per_turn(before: dict[str, float], after: dict[str, float], turns: int) -> dict[str, float]:
+    """CPU seconds per turn of each service process, and of the fake per model call
+    (each turn of each of the three systems is one model call)."""
+    out = {name: (after[name] - before[name]) / max(turns, 1) for name in ("parley", "proxy")}
+    out["fake"] = (after["fake"] - before["fake"]) / max(3 * turns, 1)
+    return out
+
+
+def cpu_line(cpu: dict[str, float]) -> str:
+    return (
+        f"process CPU per turn: parley {ms(cpu['parley'])} ms, proxy {ms(cpu['proxy'])} ms "
+        f"({ratio(cpu['parley'], cpu['proxy']):.1f}x); fake {ms(cpu['fake'])} ms per model call"
+    )
 
 
 # --- 1. time to first token ---------------------------------------------------------------
@@ -354,7 +387,7 @@ async def ttft_phase(
         text = f"Turn {r}: {words.text(60, 160)}"
         for target in rotated(targets, r):
             batch = await asyncio.gather(*(target.stream_turn(c, text) for c in convs[target.name]))
-            samples[target.name].extend(Timed(r, s) for s in batch)
+            samples[target.name].extend(Timed(r, s) for s in batch if s is not None)
     return samples
 
 
@@ -423,24 +456,27 @@ def make_history(size: int, words: TextFactory) -> list[str]:
 
 
 async def size_phase(
-    targets: Sequence[Target], size: int, reps: int, words: TextFactory
-) -> dict[str, list[float]]:
+    targets: Sequence[Target], size: int, reps: int, words: TextFactory, meter: CpuMeter
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     history = make_history(size, words)
     convs = {t.name: await t.conversation(history) for t in targets}
     times: dict[str, list[float]] = {t.name: [] for t in targets}
     for target in targets:  # warm-up: first read of the seeded rows, the fake's cache
         await target.wait_turn(convs[target.name], "Warm-up turn: say hello.")
+    before = meter()
     for rep in range(reps):
         text = f"Question {rep}: {words.text(60, 160)}"
         for target in rotated(targets, rep):
             times[target.name].append(await target.wait_turn(convs[target.name], text))
-    return times
+    return times, cpu_per_turn(before, meter(), reps)
 
 
-def report_sizes(results: dict[int, dict[str, list[float]]]) -> list[dict[str, Any]]:
-    section("per-turn time, wait mode, by history size (median ms)")
+def report_sizes(
+    results: dict[int, tuple[dict[str, list[float]], dict[str, float]]],
+) -> list[dict[str, Any]]:
+    section("per-turn time, wait mode, by history size (median ms; CPU = process CPU per turn)")
     rows, out = [], []
-    for size, times in results.items():
+    for size, (times, cpu) in results.items():
         d, x, p = (median(times[n]) for n in ("direct", "proxy", "parley"))
         r = ratio(p, x)
         rows.append(
@@ -452,6 +488,8 @@ def report_sizes(results: dict[int, dict[str, list[float]]]) -> list[dict[str, A
                 ms(p),
                 ms(x - d),
                 ms(p - d),
+                ms(cpu["proxy"]),
+                ms(cpu["parley"]),
                 f"{r:.2f}",
                 verdict(r, TARGETS["per_turn"]),
             ]
@@ -464,24 +502,12 @@ def report_sizes(results: dict[int, dict[str, list[float]]]) -> list[dict[str, A
                 "proxy": x,
                 "parley": p,
                 "ratio": r,
+                "cpu_per_turn": cpu,
             }
         )
-    print(
-        table(
-            [
-                "history",
-                "n",
-                "direct",
-                "proxy",
-                "parley",
-                "proxy-direct",
-                "parley-direct",
-                "parley/proxy",
-                "target",
-            ],
-            rows,
-        )
-    )
+    headers = ["history", "n", "direct", "proxy", "parley", "proxy-direct", "parley-direct"]
+    headers += ["proxy CPU", "parley CPU", "parley/proxy", "target"]
+    print(table(headers, rows))
     return out
 
 
@@ -611,7 +637,11 @@ class Bench:
     proxy: Proxy
     parley: Parley
     fake: httpx.AsyncClient
+    children: dict[str, Child]
     results: dict[str, Any] = field(default_factory=dict)
+
+    def cpu(self) -> dict[str, float]:
+        return {name: cpu_seconds(child.popen.pid) for name, child in self.children.items()}
 
     @property
     def targets(self) -> list[Target]:
@@ -624,11 +654,16 @@ class Bench:
         await ttft_phase(self.targets, plan.clients, plan.clients, words)
         for clients, turns in ((1, plan.c1_turns), (plan.clients, plan.c10_turns)):
             self.parley.truncated.clear()
+            before = self.cpu()
             samples = await ttft_phase(self.targets, clients, turns, words)
             out = report_ttft(clients, samples)
+            out["cpu_per_turn"] = cpu_per_turn(before, self.cpu(), len(samples["proxy"]))
+            print(cpu_line(out["cpu_per_turn"]))
             out["parley_truncated_streams"] = report_truncated(
                 self.parley.truncated, len(samples["parley"])
             )
+            if self.parley.truncated:
+                print(f"--- parley log (tail) ---\n{self.children['parley'].tail(40)}\n---")
             self.results[f"ttft_c{clients}"] = out
 
     async def sizes(self) -> None:
@@ -636,7 +671,7 @@ class Bench:
         self.parley.session_body = {"compaction": NO_COMPACTION}
         measured = {}
         for size, reps in self.plan.sizes.items():
-            measured[size] = await size_phase(self.targets, size, reps, words)
+            measured[size] = await size_phase(self.targets, size, reps, words, self.cpu)
         self.results["per_turn"] = report_sizes(measured)
 
     async def cache(self) -> None:
@@ -683,6 +718,7 @@ async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) ->
             Proxy(proxy_child.url, plain_dsn(proxy_url)),
             Parley(parley_child.url, parley_url, {}),
             httpx.AsyncClient(base_url=fake.url, timeout=60),
+            {"fake": fake, "parley": parley_child, "proxy": proxy_child},
         )
         for closer in (bench.direct, bench.proxy, bench.parley):
             stack.push_async_callback(closer.aclose)

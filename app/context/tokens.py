@@ -26,6 +26,10 @@ CHARS_PER_TOKEN = 2.8
 MEDIA_TOKENS = 1_600
 # Framing the API adds around each block (type tags, ids, separators).
 BLOCK_OVERHEAD_TOKENS = 3
+# A tool_use id (and the tool_use_id of its result): ~30 random characters, which
+# tokenize at barely one character a token. Leaving them out made tool rounds come out
+# 60-80 tokens short on the real transcripts (bench/token_estimates.py).
+TOOL_ID_TOKENS = 25
 # Framing around a tool definition or a system block.
 DEFINITION_OVERHEAD_TOKENS = 8
 
@@ -66,9 +70,11 @@ def estimate_block(block: Block) -> int:
     if kind == "text":
         tokens = chars_to_tokens(len(block.get("text") or ""))
     elif kind == "tool_use":
-        tokens = chars_to_tokens(len(block.get("name") or "") + _json_chars(block.get("input")))
+        tokens = TOOL_ID_TOKENS + chars_to_tokens(
+            len(block.get("name") or "") + _json_chars(block.get("input"))
+        )
     elif kind == "tool_result":
-        tokens = _result_content_tokens(block.get("content"))
+        tokens = TOOL_ID_TOKENS + _result_content_tokens(block.get("content"))
     elif kind == "thinking":
         tokens = chars_to_tokens(len(block.get("thinking") or ""))
     elif kind == "redacted_thinking":

@@ -33,7 +33,7 @@ from app.services.llm.events import (
     ToolUseReady,
 )
 from app.services.llm.retry import backoff_delay
-from app.services.requests import build_body, client_tool_names
+from app.services.requests import build_body
 from app.services.runs import (
     CANCELLED_TOOL_TEXT,
     INTERRUPTED_TOOL_TEXT,
@@ -43,6 +43,7 @@ from app.services.runs import (
 )
 from app.services.tools.builtin import READ_ONLY_TOOLS, run_builtin, truncate_middle
 from app.services.tools.db_workspace import DbWorkspace
+from app.services.tools.definitions import client_tool_names
 
 log = logging.getLogger("parley.agent")
 

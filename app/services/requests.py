@@ -9,21 +9,7 @@ from app.context.normalize import normalize_for_api
 from app.context.types import Node
 from app.models import AgentSession
 from app.services.sessions import default_max_tokens
-from app.services.tools.builtin import BUILTIN_TOOLS
-
-PARLEY_TOOL_KEYS = ("compactable",)
-
-
-def tool_definitions(session: AgentSession) -> list[dict[str, Any]]:
-    """Built-in tools first, then the client's, without Parley's own keys."""
-    tools = [BUILTIN_TOOLS[name].to_api() for name in session.builtin_tools or []]
-    for tool in session.tools or []:
-        tools.append({k: v for k, v in tool.items() if k not in PARLEY_TOOL_KEYS})
-    return tools
-
-
-def client_tool_names(session: AgentSession) -> set[str]:
-    return {tool["name"] for tool in session.tools or []}
+from app.services.tools.definitions import tool_definitions
 
 
 def system_blocks(system: Any) -> list[dict[str, Any]] | None:

@@ -27,6 +27,7 @@ from app.schemas import (
 )
 from app.services.llm.models import model_info
 from app.services.store import chain_rows
+from app.services.tools.definitions import tool_definitions
 
 AUTOCOMPACT_BUFFER_TOKENS = 13_000
 SUMMARY_OUTPUT_RESERVE = 20_000
@@ -251,7 +252,7 @@ def estimate_from_rows(session: AgentSession, rows: Any) -> int:
                 return int(anchored + after)
         if row.role is not None:
             after += row.token_estimate
-    return after + estimate_system(session.system) + estimate_tools(session.tools or [])
+    return after + estimate_system(session.system) + estimate_tools(tool_definitions(session))
 
 
 async def to_out(

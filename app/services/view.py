@@ -33,6 +33,18 @@ class ChainView:
     snipped: set[str] = field(default_factory=set)
     collapses: list[Collapse] = field(default_factory=list)  # those on this chain
     projected: list[Node] = field(default_factory=list)
+    compactable: frozenset[str] = frozenset()
+
+    def reproject(self) -> None:
+        """Project again after a watermark moved or a collapse was applied (in memory:
+        the rows themselves have not changed)."""
+        self.projected = project(
+            self.nodes,
+            snipped=self.snipped,
+            watermark=self.watermark,
+            compactable=self.compactable,
+            collapses=span_indices(self.nodes, self.collapses),
+        )
 
 
 def span_indices(nodes: list[Node], collapses: list[Collapse]) -> list[tuple[int, int, Collapse]]:
@@ -97,12 +109,7 @@ async def load_view(
         watermark=watermark,
         snipped=snipped & set(index),
         collapses=[span for _, _, span in spans],
-    )
-    view.projected = project(
-        nodes,
-        snipped=view.snipped,
-        watermark=watermark,
         compactable=compactable_tools(session),
-        collapses=spans,
     )
+    view.reproject()
     return view

@@ -271,3 +271,23 @@ async def test_context_collapse_projects_finished_spans(
         assert not [n for n in tree if n["subtype"] == "compact_boundary"]
         await assert_next_request_valid(client, sid)
     all_accepted(fake)
+
+
+async def test_micro_compaction_applies_to_the_request_that_moves_it(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    """Every request keeps at most `keep_recent` compactable results uncleared: a
+    watermark moved before a request is in that request, not the next one."""
+    fake.responder = agent_responder
+    async with live_fake.client() as client:
+        sid = await new_session(client, builtin_tools=["Read"], compaction={
+            "keep_recent_tool_results": 2, "micro_batch_tokens": 1, "auto": False})
+        await seed_files(client, sid)
+        for i in range(5):
+            await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i}"})
+    for request in fake.requests:
+        results = [b for m in request["messages"] for b in m["content"]
+                   if b.get("type") == "tool_result"]
+        uncleared = [b for b in results if b.get("content") != CLEARED_TOOL_RESULT]
+        assert len(uncleared) <= 2, (len(results), len(uncleared))
+    assert len(fake.requests) == 10

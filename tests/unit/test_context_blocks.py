@@ -19,6 +19,7 @@ from app.context.blocks import (
 )
 from app.context.tokens import (
     BLOCK_OVERHEAD_TOKENS,
+    TOOL_ID_TOKENS,
     MEDIA_TOKENS,
     estimate_content,
     estimate_messages,
@@ -97,10 +98,11 @@ def test_estimates() -> None:
     assert estimate_content([text("x" * 28)]) == 10 + BLOCK_OVERHEAD_TOKENS
     assert estimate_content([IMAGE]) == MEDIA_TOKENS + BLOCK_OVERHEAD_TOKENS
     nested = estimate_content([tool_result("t", [text("x" * 28), IMAGE])])
-    assert nested == 10 + MEDIA_TOKENS + 3 * BLOCK_OVERHEAD_TOKENS
+    assert nested == TOOL_ID_TOKENS + 10 + MEDIA_TOKENS + 3 * BLOCK_OVERHEAD_TOKENS
     assert estimate_content([thinking("x" * 280)]) == 100 + BLOCK_OVERHEAD_TOKENS
     use = estimate_content([tool_use("t", "Read", file_path="a.py")])
-    assert use == -(-(len("Read") + len('{"file_path":"a.py"}')) // 2.8) + BLOCK_OVERHEAD_TOKENS
+    chars = len("Read") + len('{"file_path":"a.py"}')
+    assert use == TOOL_ID_TOKENS + -(-chars // 2.8) + BLOCK_OVERHEAD_TOKENS
     assert estimate_system(None) == 0
     assert estimate_system("x" * 28) == estimate_system([text("x" * 28)]) - BLOCK_OVERHEAD_TOKENS
     assert estimate_tools([]) == 0

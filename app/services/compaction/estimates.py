@@ -12,8 +12,8 @@ from app.context.tokens import estimate_content, estimate_system, estimate_tools
 from app.context.types import COMPACT_SUMMARY, Node
 from app.models import AgentSession
 from app.services import store
-from app.services.requests import tool_definitions
 from app.services.sessions import Limits, estimate_from_rows
+from app.services.tools.definitions import tool_definitions
 from app.services.view import ChainView, load_view
 
 if TYPE_CHECKING:

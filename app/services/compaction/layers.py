@@ -20,7 +20,7 @@ from app.services.compaction.summary import CompactionFailed
 from app.services.llm.errors import PromptTooLong
 from app.services.requests import max_tokens_of
 from app.services.sessions import Limits
-from app.services.view import compactable_tools, load_view
+from app.services.view import load_view
 
 if TYPE_CHECKING:
     from app.services.agent import TurnRunner
@@ -45,7 +45,7 @@ async def before_request(runner: TurnRunner, session: AgentSession) -> list[Node
         plan = plan_micro(
             view.nodes,
             watermark=view.watermark,
-            compactable=compactable_tools(session),
+            compactable=view.compactable,
             keep_recent=settings.keep_recent_tool_results,
             batch_tokens=settings.micro_batch_tokens,
             cache_cold=cache_cold(session, rt.settings.cache_ttl_seconds),
@@ -59,7 +59,8 @@ async def before_request(runner: TurnRunner, session: AgentSession) -> list[Node
                         tokens_freed=plan.tokens_freed,
                     )
                 )
-                view = await load_view(db, session)
+            view.watermark = plan.watermark
+            view.reproject()
             freed += plan.tokens_freed
             log.info(
                 "micro-compaction cleared %d results (%d tokens)",
@@ -69,13 +70,16 @@ async def before_request(runner: TurnRunner, session: AgentSession) -> list[Node
     estimate = request_estimate(session, view, freed)
     pending = [span for span in view.collapses if span.applied_at is None]
     if pending and estimate > settings.collapse_at * limits.auto_compact_threshold:
+        applied_at = datetime.now(UTC)
         async with rt.db.transaction() as db:
             await db.execute(
                 update(Collapse)
                 .where(Collapse.id.in_([span.id for span in pending]))
-                .values(applied_at=datetime.now(UTC))
+                .values(applied_at=applied_at)
             )
-            view = await load_view(db, session)
+        for span in pending:
+            span.applied_at = applied_at
+        view.reproject()
         freed += sum(span.tokens_saved for span in pending)
         estimate = request_estimate(session, view, freed)
     if (
