@@ -18,12 +18,14 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.types import Node
 from app.errors import UpstreamError
 from app.models import AgentSession, Run
 from app.schemas import MessageOut
 from app.services import compaction, metrics, store
+from app.services.events import runs_t
 from app.services.llm.errors import ModelError, PromptTooLong
 from app.services.llm.events import (
     MessageDone,
@@ -289,7 +291,7 @@ class TurnRunner:
         for key, value in usage.items():
             self.run_usage[key] = self.run_usage.get(key, 0) + value
         counters = {
-            name: getattr(AgentSession, name) + usage.get(name, 0) for name in USAGE_COUNTERS
+            name: store.sessions_t.c[name] + usage.get(name, 0) for name in USAGE_COUNTERS
         }
         async with self.rt.events.step(self.run_id) as step:
             row = await store.append(
@@ -419,39 +421,42 @@ class TurnRunner:
             "tool_uses": [{"id": u["id"], "name": u["name"], "input": u["input"]} for u in waiting],
         }
         async with self.rt.events.step(self.run_id) as step:
-            run = await step.db.scalar(
-                update(Run)
-                .where(Run.id == self.run_id)
-                .values(
-                    status="requires_action",
-                    required_action=required,
-                    state={**self.state, "results": results, "model_calls": self.model_calls},
-                    lease_expires_at=deadline,
-                    worker_id=None,
-                )
-                .returning(Run)
+            run = await self.update_run(
+                step.db,
+                status="requires_action",
+                required_action=required,
+                state={**self.state, "results": results, "model_calls": self.model_calls},
+                lease_expires_at=deadline,
+                worker_id=None,
             )
             assert run is not None
             step.add("run.requires_action", run_json(run))
         self.pending_results = {}
+
+    async def update_run(self, db: AsyncSession, **values: Any) -> Any:
+        """Set `values` on this run while it is still running; its row, or None when it
+        was finished elsewhere meanwhile."""
+        result = await db.execute(
+            update(runs_t)
+            .where(runs_t.c.id == self.run_id, runs_t.c.status == "running")
+            .values(**values)
+            .returning(*runs_t.c)
+        )
+        return result.first()
 
     # --- ending --------------------------------------------------------------------
 
     async def finish(self, status: str, error: dict[str, Any] | None = None) -> bool:
         """Mark the run finished (unless someone else already did) and report it."""
         async with self.rt.events.step(self.run_id) as step:
-            run = await step.db.scalar(
-                update(Run)
-                .where(Run.id == self.run_id, Run.status == "running")
-                .values(
-                    status=status,
-                    error=error,
-                    finished_at=now(),
-                    lease_expires_at=None,
-                    required_action=None,
-                    state={**self.state, "model_calls": self.model_calls},
-                )
-                .returning(Run)
+            run = await self.update_run(
+                step.db,
+                status=status,
+                error=error,
+                finished_at=now(),
+                lease_expires_at=None,
+                required_action=None,
+                state={**self.state, "model_calls": self.model_calls},
             )
             if run is not None:
                 step.add(f"run.{status}", run_json(run))

@@ -23,13 +23,16 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import Table, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
 from app.models import FINAL_RUN_STATUSES, Run, RunEvent
+
+runs_t = cast(Table, Run.__table__)
+run_events_t = cast(Table, RunEvent.__table__)
 
 log = logging.getLogger("parley.events")
 
@@ -187,9 +190,9 @@ class EventHub:
     ) -> None:
         values = dict(run_values or {})
         if events:
-            await db.execute(insert(RunEvent), event_rows(run_id, events))
+            await db.execute(insert(run_events_t), event_rows(run_id, events))
             values["last_event_seq"] = events[-1].seq
-        await db.execute(update(Run).where(Run.id == run_id).values(**values))
+        await db.execute(update(runs_t).where(runs_t.c.id == run_id).values(**values))
         if events:
             await self.notify(db, run_id, events[-1].seq)
 

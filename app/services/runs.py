@@ -29,7 +29,7 @@ from app.errors import Conflict, Invalid, NotFound
 from app.models import ACTIVE_RUN_STATUSES, FINAL_RUN_STATUSES, AgentSession, Run, RunEvent
 from app.schemas import IfBusy, RunOut, ToolResultsIn
 from app.services import metrics, store
-from app.services.events import EventHub, StoredEvent, dumps, event_rows
+from app.services.events import EventHub, StoredEvent, dumps, event_rows, run_events_t
 from app.services.tools.builtin import truncate_middle
 
 if TYPE_CHECKING:
@@ -50,7 +50,8 @@ def request_hash(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def run_out(run: Run) -> RunOut:
+def run_out(run: Any) -> RunOut:
+    """A Run (or a row of the runs table) as the API shows it."""
     return RunOut.model_validate(
         {
             "id": run.id,
@@ -67,7 +68,7 @@ def run_out(run: Run) -> RunOut:
     )
 
 
-def run_json(run: Run) -> dict[str, Any]:
+def run_json(run: Any) -> dict[str, Any]:
     return run_out(run).model_dump(mode="json")
 
 
@@ -95,7 +96,7 @@ async def append_events_direct(
         stored = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id))
         after = int(stored or 0)
     batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
-    await db.execute(insert(RunEvent), event_rows(run.id, batch))
+    await db.execute(insert(run_events_t), event_rows(run.id, batch))
     run.last_event_seq = batch[-1].seq
     await events.notify(db, run.id, batch[-1].seq)
 
