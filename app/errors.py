@@ -7,7 +7,6 @@ unexpected into `application/problem+json`. Nothing here ever leaks a stack trac
 
 from __future__ import annotations
 
-import json
 import logging
 from http import HTTPStatus
 from typing import Any
@@ -109,12 +108,6 @@ def problem_response(
 ) -> JSONResponse:
     body = {"type": slug, "title": title, "status": status, "detail": detail, **extra}
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
-
-
-def problem_document(status: int, slug: str, detail: str) -> str:
-    """The JSON text of a problem, for an SSE `error` event."""
-    title = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else slug
-    return json.dumps({"type": slug, "title": title, "status": status, "detail": detail})
 
 
 _SLUG_BY_STATUS = {

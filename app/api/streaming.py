@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -14,10 +13,10 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
-from app.errors import problem_document
 from app.models import Message, Run
 from app.schemas import TurnResult
 from app.services import metrics
+from app.services.events import SHUTDOWN
 from app.services.runs import run_out
 from app.services.runtime import Runtime
 
@@ -46,30 +45,14 @@ def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceRe
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         metrics.sse_streams.inc()
-        source = runtime.events.follow(run_id, after, status=status)
-        stop = asyncio.ensure_future(shutdown.wait())
+        source = runtime.events.follow(run_id, after, status=status, stop=shutdown)
         try:
-            while True:
-                nxt = asyncio.ensure_future(anext(source))
-                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if nxt not in done:
-                    nxt.cancel()
-                    yield ServerSentEvent(
-                        event="error",
-                        data=problem_document(
-                            503,
-                            "unavailable",
-                            "The server is shutting down; reconnect with Last-Event-ID",
-                        ),
-                    )
-                    return
-                try:
-                    event = nxt.result()
-                except StopAsyncIteration:
-                    return
-                yield ServerSentEvent(id=str(event.seq), event=event.event, data=event.data)
+            async for event in source:
+                if event is SHUTDOWN:  # not part of the run's log: no id
+                    yield ServerSentEvent(event=event.event, data=event.data)
+                else:
+                    yield ServerSentEvent(id=str(event.seq), event=event.event, data=event.data)
         finally:
-            stop.cancel()
             with contextlib.suppress(Exception):
                 await source.aclose()
             metrics.sse_streams.dec()

@@ -48,6 +48,15 @@ class StoredEvent:
     data: str  # JSON text, byte-for-byte what is sent
 
 
+# Told to a follower when the server shuts down: not part of the run's log (no id).
+SHUTDOWN = StoredEvent(
+    0,
+    "error",
+    '{"type":"unavailable","title":"Service Unavailable","status":503,'
+    '"detail":"The server is shutting down; reconnect with Last-Event-ID"}',
+)
+
+
 def dumps(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
 
@@ -221,15 +230,26 @@ class EventHub:
         after: int,
         *,
         status: Callable[[], Awaitable[str | None]],
+        stop: Any = None,
         poll_seconds: float = 1.0,
     ) -> AsyncGenerator[StoredEvent, None]:
         """Every event after `after`, in order and without gaps, until the run ends or
-        pauses for client tools."""
+        pauses for client tools; `SHUTDOWN` (then the end) once `stop` (an event with
+        `wait()`) is set."""
         last = after
         inbox: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
         wakeup = asyncio.Event()
         self._wakeups.setdefault(run_id, set()).add(wakeup)
         subscribed: RunChannel | None = None
+        stopping: asyncio.Future[Any] | None = None
+        if stop is not None:
+            stopping = asyncio.ensure_future(stop.wait())
+
+            def on_stop(_: asyncio.Future[Any]) -> None:
+                inbox.put_nowait(SHUTDOWN)
+                wakeup.set()
+
+            stopping.add_done_callback(on_stop)
         try:
             while True:
                 # Catch up: subscribe first, then the table, then what the channel has
@@ -251,6 +271,9 @@ class EventHub:
                 if channel is not None and run_id in self.channels:
                     # Live: in order; a gap (never expected) sends us back to catch up.
                     while (live := await inbox.get()) is not None:
+                        if live is SHUTDOWN:
+                            yield live
+                            return
                         if live.seq <= last:
                             continue
                         if live.seq > last + 1:
@@ -269,7 +292,12 @@ class EventHub:
                 wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), timeout=poll_seconds)
+                if stopping is not None and stopping.done():
+                    yield SHUTDOWN
+                    return
         finally:
+            if stopping is not None:
+                stopping.cancel()
             if subscribed is not None:
                 subscribed.subscribers.discard(inbox)
             waiters = self._wakeups.get(run_id)

@@ -87,7 +87,13 @@ async def load_run(db: AsyncSession, session_id: uuid.UUID, run_id: uuid.UUID) -
 
 
 async def append_events_direct(
-    db: AsyncSession, events: EventHub, run: Run, items: list[tuple[str, Any]], *, after: int | None
+    db: AsyncSession,
+    events: EventHub,
+    run: Run,
+    items: list[tuple[str, Any]],
+    *,
+    after: int | None,
+    notify: bool = True,
 ) -> None:
     """Store events of a run that has no live channel here (being claimed, paused,
     queued, remote or dead), in the caller's transaction, after event `after` (None:
@@ -98,7 +104,8 @@ async def append_events_direct(
     batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
     await db.execute(insert(run_events_t), event_rows(run.id, batch))
     run.last_event_seq = batch[-1].seq
-    await events.notify(db, run.id, batch[-1].seq)
+    if notify:
+        await events.notify(db, run.id, batch[-1].seq)
 
 
 async def answer_open_tool_uses(
@@ -269,7 +276,10 @@ class RunManager:
         events = [("run.started", run_json(run))]
         if row is not None:
             events.append(("message.completed", message_payload(row)))
-        await append_events_direct(db, self.rt.events, run, events, after=run.last_event_seq)
+        # No notification: until this commits nobody can know the run is running.
+        await append_events_direct(
+            db, self.rt.events, run, events, after=run.last_event_seq, notify=False
+        )
         await db.flush()
 
     async def active(self, db: AsyncSession, session_id: uuid.UUID) -> Run | None:

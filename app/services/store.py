@@ -253,11 +253,6 @@ async def tree_page(
     return list(result)
 
 
-async def snipped_uuids(db: AsyncSession, session_id: uuid.UUID) -> set[str]:
-    result = await db.execute(select(Snip.message_uuid).where(Snip.session_id == session_id))
-    return {str(u) for u in result.scalars()}
-
-
 async def fork(
     db: AsyncSession, source: AgentSession, at_uuid: uuid.UUID | None, *, tenant: str
 ) -> AgentSession:

@@ -8,14 +8,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import literal, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.collapse import apply_collapses
 from app.context.micro import COMPACTABLE_BUILTINS, apply_micro
 from app.context.types import COMPACT_BOUNDARY, Node
-from app.models import AgentSession, Collapse, MicroWatermark
-from app.services.store import chain_rows, snipped_uuids, to_node
+from app.models import AgentSession, Collapse, MicroWatermark, Snip
+from app.services.store import chain_rows, to_node
 
 
 def compactable_tools(session: AgentSession) -> frozenset[str]:
@@ -95,12 +95,25 @@ async def load_view(
     ]
     nodes = [to_node(row) for row in rows]
     index = {node.uuid: i for i, node in enumerate(nodes)}
-    marks = await db.scalars(
-        select(MicroWatermark.anchor_uuid).where(MicroWatermark.session_id == session.id)
+    # Snips and micro watermarks in one round trip.
+    marks = await db.execute(
+        union_all(
+            select(literal("snip").label("kind"), Snip.message_uuid.label("uuid")).where(
+                Snip.session_id == session.id
+            ),
+            select(literal("micro"), MicroWatermark.anchor_uuid).where(
+                MicroWatermark.session_id == session.id
+            ),
+        )
     )
-    positions = [index[str(anchor)] for anchor in marks if str(anchor) in index]
+    snipped: set[str] = set()
+    positions = []
+    for kind, mark in marks:
+        if kind == "snip":
+            snipped.add(str(mark))
+        elif str(mark) in index:
+            positions.append(index[str(mark)])
     watermark = max(positions) if positions else None
-    snipped = await snipped_uuids(db, session.id)
     collapses = list(await db.scalars(select(Collapse).where(Collapse.session_id == session.id)))
     spans = span_indices(nodes, collapses)
     view = ChainView(
