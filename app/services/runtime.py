@@ -26,6 +26,7 @@ from app.services.compaction import CompactionHooks, WebhookHook
 from app.services.events import EventHub
 from app.services.llm.client import ModelClient, make_model_client
 from app.services.migrations import head_revision
+from app.services.view import VIEW_CACHE
 
 log = logging.getLogger("parley.runtime")
 
@@ -53,6 +54,7 @@ class Runtime:
         self.migration_head = head_revision()
         self.open_mode = not settings.api_keys
         self.runs = RunManager(self)
+        VIEW_CACHE.max_messages = settings.view_cache_messages
         self.compaction_hooks: list[CompactionHooks] = []
         if settings.compaction_webhook_url:
             self.compaction_hooks.append(WebhookHook(settings.compaction_webhook_url))

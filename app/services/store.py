@@ -37,11 +37,11 @@ MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never
 
 
 @lru_cache(maxsize=16)
-def _chain_query(full: bool, columns: tuple[str, ...] | None) -> Any:
+def _chain_query(full: bool, columns: tuple[str, ...] | None, stop: bool = False) -> Any:
     """Built once per shape (statement construction is a real share of a turn's CPU);
-    the head is a bound parameter. Rows come unordered with their depth: sorting them
-    in Python is cheaper than Postgres sorting wide rows (which spills to disk on long
-    chains)."""
+    the head (and `stop`, a node the walk does not climb past) are bound parameters.
+    Rows come unordered with their depth: sorting them in Python is cheaper than
+    Postgres sorting wide rows (which spills to disk on long chains)."""
     m = messages_t
     start = select(
         m.c.uuid, m.c.parent_uuid, m.c.logical_parent_uuid, literal(0).label("depth")
@@ -64,6 +64,8 @@ def _chain_query(full: bool, columns: tuple[str, ...] | None) -> Any:
         .join(chain, parent.c.uuid == next_uuid)
         .where(chain.c.depth < MAX_CHAIN_DEPTH)
     )
+    if stop:
+        step = step.where(parent.c.uuid != bindparam("stop", type_=Uuid))
     chain = chain.union_all(step)
     selected = [m.c[name] for name in columns] if columns else [m]
     return select(*selected, chain.c.depth.label("chain_depth")).join(
@@ -77,13 +79,16 @@ async def chain_rows(
     *,
     full: bool,
     columns: Sequence[str] | None = None,
+    stop: uuid.UUID | None = None,
 ) -> list[Any]:
-    """Rows from the root (or the nearest boundary) down to `head`, oldest first
-    (only `columns` of them when given)."""
+    """Rows from the root (or the nearest boundary) down to `head`, oldest first (only
+    `columns` of them when given). With `stop`, the walk ends below that node when it
+    meets it: the first row's parent is then `stop`."""
     if head is None:
         return []
-    query = _chain_query(full, tuple(columns) if columns else None)
-    rows = list(await db.execute(query, {"head": head}))
+    query = _chain_query(full, tuple(columns) if columns else None, stop is not None)
+    params = {"head": head} if stop is None else {"head": head, "stop": stop}
+    rows = list(await db.execute(query, params))
     rows.sort(key=lambda row: row.chain_depth, reverse=True)
     return rows
 

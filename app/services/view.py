@@ -5,6 +5,7 @@ projected over it (history itself unchanged)."""
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,63 @@ from app.context.micro import COMPACTABLE_BUILTINS, apply_micro
 from app.context.types import COMPACT_BOUNDARY, Node
 from app.models import AgentSession, Collapse, MicroWatermark, Snip
 from app.services.store import chain_rows, to_node
+
+
+@dataclass
+class CachedChain:
+    head: uuid.UUID
+    rows: list[Any]
+    nodes: list[Node]
+
+
+class ChainCache:
+    """The model's views of recently used sessions, in memory, least recently used out
+    first. A chain never changes (messages are immutable and never re-parented), so
+    the view of a head that descends from a cached one is that view plus the few rows
+    walked from the new head up to it: a turn loads what is new, not the history."""
+
+    def __init__(self, max_messages: int = 100_000) -> None:
+        self.max_messages = max_messages
+        self.entries: OrderedDict[uuid.UUID, CachedChain] = OrderedDict()
+        self.size = 0
+
+    async def view_rows(
+        self, db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | None
+    ) -> tuple[list[Any], list[Node]]:
+        if head is None:
+            return [], []
+        cached = self.entries.get(session_id)
+        if cached is not None and cached.head == head:
+            self.entries.move_to_end(session_id)
+            return cached.rows, cached.nodes
+        stop = cached.head if cached is not None else None
+        walked = [r for r in await chain_rows(db, head, full=False, stop=stop) if _visible(r)]
+        new_nodes = [to_node(row) for row in walked]
+        if cached is not None and walked and walked[0].parent_uuid == cached.head:
+            rows, nodes = cached.rows + walked, cached.nodes + new_nodes
+        else:  # another branch, an older node, or past a new compact boundary
+            rows, nodes = walked, new_nodes
+        self._put(session_id, CachedChain(head, rows, nodes))
+        return rows, nodes
+
+    def _put(self, session_id: uuid.UUID, chain: CachedChain) -> None:
+        old = self.entries.pop(session_id, None)
+        if old is not None:
+            self.size -= len(old.rows)
+        if self.max_messages <= 0 or len(chain.rows) > self.max_messages:
+            return
+        self.entries[session_id] = chain
+        self.size += len(chain.rows)
+        while self.size > self.max_messages:
+            _, evicted = self.entries.popitem(last=False)
+            self.size -= len(evicted.rows)
+
+
+def _visible(row: Any) -> bool:
+    return bool(row.subtype != COMPACT_BOUNDARY)
+
+
+VIEW_CACHE = ChainCache()
 
 
 def compactable_tools(session: AgentSession) -> frozenset[str]:
@@ -88,12 +146,7 @@ def project(
 async def load_view(
     db: AsyncSession, session: AgentSession, head: uuid.UUID | None = None
 ) -> ChainView:
-    rows = [
-        row
-        for row in await chain_rows(db, head or session.head_uuid, full=False)
-        if row.subtype != COMPACT_BOUNDARY
-    ]
-    nodes = [to_node(row) for row in rows]
+    rows, nodes = await VIEW_CACHE.view_rows(db, session.id, head or session.head_uuid)
     index = {node.uuid: i for i, node in enumerate(nodes)}
     # Snips and micro watermarks in one round trip.
     marks = await db.execute(
