@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.types import Node
@@ -142,6 +142,7 @@ class TurnRunner:
         self.run_usage: dict[str, int] = dict(run.usage or {})
         self.fresh_session = True
         self.params: dict[str, Any] = dict(run.params or {})
+        self.queued_next = True  # until `finish` has looked
 
     # --- events --------------------------------------------------------------------
 
@@ -290,9 +291,7 @@ class TurnRunner:
         usage = {key: int(value) for key, value in done.usage.items() if isinstance(value, int)}
         for key, value in usage.items():
             self.run_usage[key] = self.run_usage.get(key, 0) + value
-        counters = {
-            name: store.sessions_t.c[name] + usage.get(name, 0) for name in USAGE_COUNTERS
-        }
+        counters = {name: store.sessions_t.c[name] + usage.get(name, 0) for name in USAGE_COUNTERS}
         async with self.rt.events.step(self.run_id) as step:
             row = await store.append(
                 step.db,
@@ -460,6 +459,15 @@ class TurnRunner:
             )
             if run is not None:
                 step.add(f"run.{status}", run_json(run))
+                # Whether a queued turn waits for this session (it starts right after).
+                self.queued_next = (
+                    await step.db.scalar(
+                        select(runs_t.c.id)
+                        .where(runs_t.c.session_id == self.session_id, runs_t.c.status == "queued")
+                        .limit(1)
+                    )
+                    is not None
+                )
         if run is None:
             return False
         metrics.runs_total.labels(self.kind, status).inc()
@@ -517,9 +525,10 @@ class TurnRunner:
 
 async def execute(
     rt: Any, run_id: uuid.UUID, run: Run | None = None, session: AgentSession | None = None
-) -> uuid.UUID | None:
-    """Run (or resume) one run to its end or its next pause. Returns its session id.
-    `run` and `session` are the claim's copies when the claim happened in this process."""
+) -> TurnRunner | None:
+    """Run (or resume) one run to its end or its next pause; the runner, for what it
+    learnt (its session, whether a queued turn waits). `run` and `session` are the
+    claim's copies when the claim happened in this process."""
     if run is None or session is None:
         async with rt.db.sessionmaker() as db:
             run = await db.get(Run, run_id)
@@ -558,5 +567,4 @@ async def execute(
         )
     finally:
         await rt.events.close(run_id)
-    session_id: uuid.UUID = session.id
-    return session_id
+    return runner

@@ -303,9 +303,9 @@ class RunManager:
         from app.services.agent import execute
 
         metrics.runs_active.inc()
-        session_id: uuid.UUID | None = None
+        runner = None
         try:
-            session_id = await execute(self.rt, run_id, run, session)
+            runner = await execute(self.rt, run_id, run, session)
         except Exception:
             log.exception("run %s crashed", run_id)
         finally:
@@ -315,9 +315,10 @@ class RunManager:
             settled = self._settled.pop(run_id, None)
             if settled is not None:
                 settled.set()
-        if session_id is not None and not self.rt.shutting_down.is_set():
-            await self.start_next_queued(session_id)
-            self._in_background(self._collapse(session_id))
+        if runner is not None and not self.rt.shutting_down.is_set():
+            if runner.queued_next:
+                await self.start_next_queued(runner.session_id)
+            self._in_background(self._collapse(runner.session_id))
 
     def _in_background(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

@@ -28,6 +28,7 @@ from app.schemas import (
 from app.services.llm.models import model_info
 from app.services.store import chain_rows
 from app.services.tools.definitions import tool_definitions
+from app.services.view import VIEW_CACHE
 
 AUTOCOMPACT_BUFFER_TOKENS = 13_000
 SUMMARY_OUTPUT_RESERVE = 20_000
@@ -231,9 +232,11 @@ async def statuses(db: AsyncSession, session_ids: list[uuid.UUID]) -> dict[uuid.
 async def estimated_tokens(db: AsyncSession, session: AgentSession) -> int:
     """The last response's real usage plus the stored estimates of what came after it
     (invariant 8); system and tools estimated when no response is in the view."""
-    rows = await chain_rows(
-        db, session.head_uuid, full=False, columns=("role", "usage", "token_estimate")
-    )
+    rows = VIEW_CACHE.peek(session.id, session.head_uuid)
+    if rows is None:
+        rows = await chain_rows(
+            db, session.head_uuid, full=False, columns=("role", "usage", "token_estimate")
+        )
     return estimate_from_rows(session, rows)
 
 

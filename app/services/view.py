@@ -56,6 +56,11 @@ class ChainCache:
         self._put(session_id, CachedChain(head, rows, nodes))
         return rows, nodes
 
+    def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[Any] | None:
+        """The cached rows of that exact view, if any (no I/O)."""
+        cached = self.entries.get(session_id)
+        return cached.rows if cached is not None and cached.head == head else None
+
     def _put(self, session_id: uuid.UUID, chain: CachedChain) -> None:
         old = self.entries.pop(session_id, None)
         if old is not None:
