@@ -422,7 +422,10 @@ def report_errors(pairs: Sequence[Measured]) -> dict[str, Any]:
     reals = [p.real for p in pairs]
     current = error_stats(app_estimates(pairs), reals)
     quarter = error_stats(quarter_estimates(pairs), reals)
-    label = f"app (CHARS_PER_TOKEN {tokens.CHARS_PER_TOKEN}, +{tokens.BLOCK_OVERHEAD_TOKENS}/block)"
+    label = (
+        f"app (CHARS_PER_TOKEN {tokens.CHARS_PER_TOKEN}, +{tokens.BLOCK_OVERHEAD_TOKENS}/block, "
+        f"+{tokens.TOOL_ID_TOKENS}/tool id)"
+    )
     print(table(ERROR_HEADERS, [current.row(label), quarter.row("plain chars/4")]))
     return {"app": current.__dict__, "chars4": quarter.__dict__}
 

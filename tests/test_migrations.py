@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
@@ -15,7 +16,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.db import Base
-from app.services.migrations import current_revision, downgrade, head_revision, upgrade
+from app.services.migrations import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    head_revision,
+    upgrade,
+)
 from tests.conftest import server_url
 
 
@@ -68,3 +75,14 @@ async def test_up_down_up_and_no_drift(scratch: AsyncEngine) -> None:
     assert await tables(engine) == set()
     await upgrade(engine)
     assert await drift(engine) == []
+    await alembic_check(engine)  # what `alembic check` runs: raises on any difference
+
+
+async def alembic_check(engine: AsyncEngine) -> None:
+    def check(sync_conn: object) -> None:
+        config = alembic_config()
+        config.attributes["connection"] = sync_conn
+        command.check(config)
+
+    async with engine.connect() as conn:
+        await conn.run_sync(check)

@@ -280,14 +280,54 @@ async def test_micro_compaction_applies_to_the_request_that_moves_it(
     watermark moved before a request is in that request, not the next one."""
     fake.responder = agent_responder
     async with live_fake.client() as client:
-        sid = await new_session(client, builtin_tools=["Read"], compaction={
-            "keep_recent_tool_results": 2, "micro_batch_tokens": 1, "auto": False})
+        sid = await new_session(
+            client,
+            builtin_tools=["Read"],
+            compaction={"keep_recent_tool_results": 2, "micro_batch_tokens": 1, "auto": False},
+        )
         await seed_files(client, sid)
         for i in range(5):
             await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i}"})
     for request in fake.requests:
-        results = [b for m in request["messages"] for b in m["content"]
-                   if b.get("type") == "tool_result"]
+        results = [
+            b for m in request["messages"] for b in m["content"] if b.get("type") == "tool_result"
+        ]
         uncleared = [b for b in results if b.get("content") != CLEARED_TOOL_RESULT]
         assert len(uncleared) <= 2, (len(results), len(uncleared))
     assert len(fake.requests) == 10
+
+
+async def test_auto_compaction_pauses_after_three_failures(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    """Failed auto-compactions let the turn go on while the request fits; after three in
+    a row the session stops trying until a compaction succeeds."""
+    summaries_allowed = {"ok": False}
+
+    def responder(body: dict[str, Any]) -> dict[str, Any]:
+        if is_summary_request(body):
+            if summaries_allowed["ok"]:
+                return items.message(SUMMARY)
+            return items.error(400, "summary refused for this test")
+        return agent_responder(body)
+
+    fake.responder = responder
+    async with live_fake.client() as client:
+        sid = await new_session(
+            client, builtin_tools=["Read"], compaction={"threshold_tokens": 3000, "micro": False}
+        )
+        await seed_files(client, sid)
+        for i in range(6):
+            body = (
+                await client.post(f"/sessions/{sid}/messages", json={"content": f"t{i}"})
+            ).json()
+            assert body["run"]["status"] == "completed"  # the 1M window still fits
+        attempts = [r for r in fake.requests if is_summary_request(r)]
+        assert len(attempts) == 3
+        summaries_allowed["ok"] = True
+        manual = await client.post(f"/sessions/{sid}/compact", json={})
+        assert manual.status_code == 200
+        await client.post(f"/sessions/{sid}/messages", json={"content": "again"})
+        await client.post(f"/sessions/{sid}/messages", json={"content": "and again"})
+        attempts = [r for r in fake.requests if is_summary_request(r)]
+        assert len(attempts) > 4  # the manual one, and automatic ones again

@@ -41,14 +41,22 @@ async def test_hooks_and_webhook(database_url: str, engine: AsyncEngine) -> None
         return Response(status_code=204)
 
     port = free_port()
-    receiver = uvicorn.Server(uvicorn.Config(
-        Starlette(routes=[Route("/hook", webhook, methods=["POST"])]),
-        host="127.0.0.1", port=port, log_level="warning"))
+    receiver = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/hook", webhook, methods=["POST"])]),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     task = asyncio.create_task(receiver.serve())
     try:
-        async with live_server(
-            database_url, engine, compaction_webhook_url=f"http://127.0.0.1:{port}/hook"
-        ) as server, server.client() as client:
+        async with (
+            live_server(
+                database_url, engine, compaction_webhook_url=f"http://127.0.0.1:{port}/hook"
+            ) as server,
+            server.client() as client,
+        ):
             recorder = Recorder()
             server.runtime.compaction_hooks[:0] = [Broken(), recorder]
             sid = await new_session(client)

@@ -32,16 +32,27 @@ def session() -> AgentSession:
 
 
 def summary_node() -> Node:
-    return node("summary", USER, [text("summary of the earlier conversation")],
-                subtype=COMPACT_SUMMARY, type=USER)
+    return node(
+        "summary",
+        USER,
+        [text("summary of the earlier conversation")],
+        subtype=COMPACT_SUMMARY,
+        type=USER,
+    )
 
 
 def projected(history: list[Node], micro: bool, collapse: bool) -> list[Node]:
     """The view as the layers before auto-compaction leave it."""
     view = history
     if micro:
-        plan = plan_micro(view, watermark=None, compactable=COMPACTABLE_BUILTINS,
-                          keep_recent=2, batch_tokens=0, cache_cold=False)
+        plan = plan_micro(
+            view,
+            watermark=None,
+            compactable=COMPACTABLE_BUILTINS,
+            keep_recent=2,
+            batch_tokens=0,
+            cache_cold=False,
+        )
         if plan is not None:
             view = apply_micro(view, plan.watermark, COMPACTABLE_BUILTINS)
     if collapse:

@@ -19,8 +19,8 @@ from app.context.blocks import (
 )
 from app.context.tokens import (
     BLOCK_OVERHEAD_TOKENS,
-    TOOL_ID_TOKENS,
     MEDIA_TOKENS,
+    TOOL_ID_TOKENS,
     estimate_content,
     estimate_messages,
     estimate_system,
