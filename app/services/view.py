@@ -9,7 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import literal, select, union_all
+from sqlalchemy import DateTime, Integer, Text, Uuid, bindparam, literal, null, select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.collapse import apply_collapses
@@ -148,38 +148,86 @@ def project(
     return projected
 
 
+def _marks_query() -> Any:
+    """Snips, micro watermarks and collapses of a session in one round trip (built once)."""
+    sid = bindparam("sid", type_=Uuid)
+    no_uuid, no_time = null().cast(Uuid), null().cast(DateTime(timezone=True))
+    no_text, no_int = null().cast(Text), null().cast(Integer)
+    c = Collapse.__table__.c
+    return union_all(
+        select(
+            literal("snip").label("kind"),
+            Snip.message_uuid.label("a"),
+            no_uuid.label("b"),
+            no_uuid.label("id"),
+            no_time.label("applied_at"),
+            no_time.label("created_at"),
+            no_text.label("summary"),
+            no_int.label("tokens_saved"),
+            no_text.label("model"),
+        ).where(Snip.session_id == sid),
+        select(
+            literal("micro"),
+            MicroWatermark.anchor_uuid,
+            no_uuid,
+            no_uuid,
+            no_time,
+            no_time,
+            no_text,
+            no_int,
+            no_text,
+        ).where(MicroWatermark.session_id == sid),
+        select(
+            literal("collapse"),
+            c.start_uuid,
+            c.end_uuid,
+            c.id,
+            c.applied_at,
+            c.created_at,
+            c.summary,
+            c.tokens_saved,
+            c.model,
+        ).where(c.session_id == sid),
+    )
+
+
+MARKS_QUERY = _marks_query()
+
+
 async def load_view(
     db: AsyncSession, session: AgentSession, head: uuid.UUID | None = None
 ) -> ChainView:
     rows, nodes = await VIEW_CACHE.view_rows(db, session.id, head or session.head_uuid)
-    index = {node.uuid: i for i, node in enumerate(nodes)}
-    # Snips and micro watermarks in one round trip.
-    marks = await db.execute(
-        union_all(
-            select(literal("snip").label("kind"), Snip.message_uuid.label("uuid")).where(
-                Snip.session_id == session.id
-            ),
-            select(literal("micro"), MicroWatermark.anchor_uuid).where(
-                MicroWatermark.session_id == session.id
-            ),
-        )
-    )
     snipped: set[str] = set()
-    positions = []
-    for kind, mark in marks:
-        if kind == "snip":
-            snipped.add(str(mark))
-        elif str(mark) in index:
-            positions.append(index[str(mark)])
-    watermark = max(positions) if positions else None
-    collapses = list(await db.scalars(select(Collapse).where(Collapse.session_id == session.id)))
-    spans = span_indices(nodes, collapses)
+    anchors: list[str] = []
+    collapses: list[Collapse] = []
+    for mark in await db.execute(MARKS_QUERY, {"sid": session.id}):
+        if mark.kind == "snip":
+            snipped.add(str(mark.a))
+        elif mark.kind == "micro":
+            anchors.append(str(mark.a))
+        else:  # detached rows: the view may mark them applied in memory
+            collapses.append(
+                Collapse(
+                    id=mark.id,
+                    session_id=session.id,
+                    start_uuid=mark.a,
+                    end_uuid=mark.b,
+                    summary=mark.summary,
+                    tokens_saved=mark.tokens_saved,
+                    model=mark.model,
+                    applied_at=mark.applied_at,
+                    created_at=mark.created_at,
+                )
+            )
+    index = {node.uuid: i for i, node in enumerate(nodes)} if anchors or collapses else {}
+    positions = [index[anchor] for anchor in anchors if anchor in index]
     view = ChainView(
         rows=rows,
         nodes=nodes,
-        watermark=watermark,
-        snipped=snipped & set(index),
-        collapses=[span for _, _, span in spans],
+        watermark=max(positions) if positions else None,
+        snipped=snipped & {node.uuid for node in nodes} if snipped else set(),
+        collapses=[span for _, _, span in span_indices(nodes, collapses)],
         compactable=compactable_tools(session),
     )
     view.reproject()
