@@ -97,6 +97,16 @@ class Unavailable(ProblemError):
     status, slug, title = 503, "unavailable", "Service unavailable"
 
 
+class RunFailed(Exception):
+    """Ends a run as `failed` with an error type clients can branch on (`Run.error`)."""
+
+    def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.error = {"type": error_type, "message": message}
+        if request_id:
+            self.error["request_id"] = request_id
+
+
 def problem_response(
     status: int,
     slug: str,

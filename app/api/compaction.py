@@ -8,12 +8,12 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import DbDep, RuntimeDep, SessionDep
-from app.errors import NotFound, UpstreamError
+from app.errors import Invalid, NotFound, UpstreamError
 from app.models import Run
 from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, SnipOut
 from app.services import compaction, snips
+from app.services.payloads import run_out
 from app.services.requests import build_body
-from app.services.runs import run_out
 from app.services.view import load_view
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["compaction"])
@@ -71,8 +71,6 @@ async def compact_now(
     error = done.error or {}
     if done.status != "completed":
         if error.get("type") == "nothing_to_compact":
-            from app.errors import Invalid
-
             raise Invalid(error.get("message", "Nothing can be compacted safely"))
         raise UpstreamError(error.get("message", "The compaction failed; nothing changed"))
     outcome = (done.state or {}).get("compaction", {})

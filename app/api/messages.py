@@ -12,28 +12,10 @@ from app.context.blocks import preview
 from app.errors import Invalid, NotFound
 from app.schemas import ForkIn, HeadIn, MessageOut, Page, SessionOut, TreeNode
 from app.services import sessions, store
+from app.services.payloads import message_out
 from app.services.view import load_view
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["messages"])
-
-
-def message_out(row: Any, content: list[Any] | None = None) -> MessageOut:
-    return MessageOut(
-        uuid=row.uuid,
-        parent_uuid=row.parent_uuid,
-        logical_parent_uuid=row.logical_parent_uuid,
-        type=row.type,
-        subtype=row.subtype,
-        role=row.role,
-        content=row.content if content is None else content,
-        model=row.model,
-        stop_reason=row.stop_reason,
-        usage=row.usage,
-        is_meta=row.is_meta,
-        copied_from=row.copied_from,
-        created_at=row.created_at,
-        metadata=row.metadata,
-    )
 
 
 def paginate(

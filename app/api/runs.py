@@ -15,7 +15,8 @@ from app.errors import Invalid, NotFound
 from app.models import Run
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
 from app.services import store
-from app.services.runs import load_run, request_hash, run_out
+from app.services.payloads import run_out
+from app.services.runs import load_run, request_hash
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
 

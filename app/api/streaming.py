@@ -17,7 +17,7 @@ from app.models import Message, Run
 from app.schemas import TurnResult
 from app.services import metrics
 from app.services.events import SHUTDOWN
-from app.services.runs import run_out
+from app.services.payloads import message_out, run_out
 from app.services.runtime import Runtime
 
 Mode = Literal["stream", "background", "wait"]
@@ -79,8 +79,6 @@ async def deliver(
 
 
 async def turn_result(runtime: Runtime, run_id: uuid.UUID, after_seq: int) -> dict[str, Any]:
-    from app.api.messages import message_out
-
     async with runtime.db.sessionmaker() as db:
         run = await db.get(Run, run_id)
         assert run is not None

@@ -21,9 +21,8 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.types import Node
-from app.errors import UpstreamError
+from app.errors import RunFailed, UpstreamError
 from app.models import AgentSession, Run
-from app.schemas import MessageOut
 from app.services import compaction, metrics, store
 from app.services.events import runs_t
 from app.services.llm.errors import ModelError, PromptTooLong
@@ -35,13 +34,13 @@ from app.services.llm.events import (
     ToolUseReady,
 )
 from app.services.llm.retry import backoff_delay
+from app.services.payloads import message_payload, result_events, run_json
 from app.services.requests import build_body
 from app.services.runs import (
     CANCELLED_TOOL_TEXT,
     INTERRUPTED_TOOL_TEXT,
     answer_open_tool_uses,
     now,
-    run_json,
 )
 from app.services.tools.builtin import READ_ONLY_TOOLS, run_builtin, truncate_middle
 from app.services.tools.db_workspace import DbWorkspace
@@ -57,45 +56,12 @@ TRUNCATED_TOOL_TEXT = (
     "The input of this tool call was cut off by the output token limit, so the tool did not "
     "run. Call it again with a shorter input."
 )
-EVENT_RESULT_CHARS = 2000
 USAGE_COUNTERS = (
     "input_tokens",
     "output_tokens",
     "cache_read_input_tokens",
     "cache_creation_input_tokens",
 )
-
-
-def message_payload(row: Any) -> dict[str, Any]:
-    """A stored message as sent in `message.completed` (the API's Message shape)."""
-    data = dict(row) if isinstance(row, dict) else dict(row._mapping)
-    return MessageOut.model_validate(data).model_dump(mode="json")
-
-
-def result_events(row: dict[str, Any]) -> list[tuple[str, Any]]:
-    """The events that report a stored tool_result message: one `tool_result` per
-    result (content shortened), then `message.completed`."""
-    key = str(row["uuid"])
-    events: list[tuple[str, Any]] = []
-    for block in row["content"]:
-        if block.get("type") != "tool_result":
-            continue
-        content = block.get("content")
-        if isinstance(content, str) and len(content) > EVENT_RESULT_CHARS:
-            content = content[:EVENT_RESULT_CHARS] + f"... [{len(content)} characters]"
-        events.append(
-            (
-                "tool_result",
-                {
-                    "message_uuid": key,
-                    "tool_use_id": block["tool_use_id"],
-                    "is_error": bool(block.get("is_error")),
-                    "content": content,
-                },
-            )
-        )
-    events.append(("message.completed", message_payload(row)))
-    return events
 
 
 @dataclass
@@ -116,14 +82,6 @@ class Partial:
             for i in sorted(blocks)
             if blocks[i].get("type") != "text" or blocks[i]["text"].strip()
         ]
-
-
-class RunFailed(Exception):
-    def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
-        super().__init__(message)
-        self.error = {"type": error_type, "message": message}
-        if request_id:
-            self.error["request_id"] = request_id
 
 
 class TurnRunner:

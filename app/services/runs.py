@@ -27,9 +27,11 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app.context.blocks import as_blocks
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ACTIVE_RUN_STATUSES, FINAL_RUN_STATUSES, AgentSession, Run, RunEvent
-from app.schemas import IfBusy, RunOut, ToolResultsIn
+from app.schemas import IfBusy, ToolResultsIn
 from app.services import metrics, store
+from app.services.compaction import collapse_spans
 from app.services.events import EventHub, StoredEvent, dumps, event_rows, run_events_t
+from app.services.payloads import message_payload, result_events, run_json
 from app.services.tools.builtin import truncate_middle
 
 if TYPE_CHECKING:
@@ -48,28 +50,6 @@ def now() -> datetime:
 
 def request_hash(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def run_out(run: Any) -> RunOut:
-    """A Run (or a row of the runs table) as the API shows it."""
-    return RunOut.model_validate(
-        {
-            "id": run.id,
-            "session_id": run.session_id,
-            "kind": run.kind,
-            "status": run.status,
-            "user_message_uuid": run.user_message_uuid,
-            "required_action": run.required_action,
-            "usage": run.usage or {},
-            "error": run.error,
-            "created_at": run.created_at,
-            "finished_at": run.finished_at,
-        }
-    )
-
-
-def run_json(run: Any) -> dict[str, Any]:
-    return run_out(run).model_dump(mode="json")
 
 
 def conflict_for(run: Run) -> Conflict:
@@ -271,8 +251,6 @@ class RunManager:
             if active is not None:
                 raise conflict_for(active) from None
             raise
-        from app.services.agent import message_payload
-
         events = [("run.started", run_json(run))]
         if row is not None:
             events.append(("message.completed", message_payload(row)))
@@ -327,8 +305,6 @@ class RunManager:
 
     async def _collapse(self, session_id: uuid.UUID) -> None:
         """Context collapse: summarise older finished spans after a run (never blocks one)."""
-        from app.services.compaction import collapse_spans
-
         try:
             await collapse_spans(self.rt, session_id)
         except Exception:
@@ -392,8 +368,6 @@ class RunManager:
         run.lease_expires_at = self.lease_deadline()
         run.state = {**run.state, "results": {}}
         if row is not None:
-            from app.services.agent import result_events
-
             set_committed_value(session, "head_uuid", row["uuid"])
             await append_events_direct(db, self.rt.events, run, result_events(row), after=None)
         await db.flush()

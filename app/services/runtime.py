@@ -26,6 +26,7 @@ from app.services.compaction import CompactionHooks, WebhookHook
 from app.services.events import EventHub
 from app.services.llm.client import ModelClient, make_model_client
 from app.services.migrations import head_revision
+from app.services.runs import RunManager
 from app.services.view import VIEW_CACHE
 
 log = logging.getLogger("parley.runtime")
@@ -44,8 +45,6 @@ def bind_host(settings: Settings) -> str:
 
 class Runtime:
     def __init__(self, settings: Settings) -> None:
-        from app.services.runs import RunManager
-
         self.settings = settings
         self.db = Database(make_engine(settings))
         self.events = EventHub(self.db, settings.event_flush_seconds)

@@ -22,6 +22,7 @@ from app.services import metrics, store
 from app.services.compaction.estimates import request_estimate, view_estimate
 from app.services.compaction.hooks import CompactionEvent, call_hooks
 from app.services.compaction.summary import CompactionFailed, summarise, text_node
+from app.services.payloads import message_payload
 from app.services.sessions import Limits
 from app.services.view import ChainView, load_view
 
@@ -363,8 +364,6 @@ async def store_compaction(
             update(AgentSession).where(AgentSession.id == session.id).values(compact_failures=0)
         )
     runner.head = rows[-1]["uuid"]
-    from app.services.agent import message_payload
-
     for row in rows[: 2 + len(files)]:
         await runner.emit("message.completed", message_payload(row))
     return CompactionOutcome(

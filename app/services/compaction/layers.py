@@ -12,6 +12,7 @@ from sqlalchemy import update
 
 from app.context.micro import plan_micro
 from app.context.types import Node
+from app.errors import RunFailed
 from app.models import AgentSession, Collapse, MicroWatermark
 from app.services import metrics
 from app.services.compaction.compact import NothingToCompact, compact
@@ -93,8 +94,6 @@ async def before_request(runner: TurnRunner, session: AgentSession) -> list[Node
             await _count_failure(rt, session.id)
             log.warning("auto-compaction failed: %s", exc)
             if estimate > limits.context_window - max_tokens_of(session):
-                from app.services.agent import RunFailed
-
                 raise RunFailed(
                     "context_overflow",
                     f"The conversation ({estimate} tokens) no longer fits the context window "
@@ -120,7 +119,6 @@ async def _count_failure(rt: Runtime, session_id: uuid.UUID) -> None:
 
 async def reactive(runner: TurnRunner, error: PromptTooLong) -> None:
     """The model said the prompt is too long: compact now and let the caller retry once."""
-    from app.services.agent import RunFailed
 
     session = runner.session
     # Size the result for the limit the API just reported, not only for our threshold.
@@ -143,7 +141,6 @@ async def reactive(runner: TurnRunner, error: PromptTooLong) -> None:
 
 async def run_manual(runner: TurnRunner) -> None:
     """A run of kind `compact` (POST /sessions/{id}/compact)."""
-    from app.services.agent import RunFailed
 
     instructions = runner.params.get("instructions")
     try:
