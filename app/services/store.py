@@ -311,18 +311,21 @@ async def fork(
     if copies:
         await db.execute(insert(messages_t), copies)
         target.head_uuid = new_ids[rows[-1].uuid]
-    await _copy_context_marks(db, source.id, target.id, new_ids)
+    await copy_context_marks(db, source.id, target.id, new_ids)
     await _copy_files(db, source.id, target.id)
     await db.flush()
     return target
 
 
-async def _copy_context_marks(
+async def copy_context_marks(
     db: AsyncSession,
     source_id: uuid.UUID,
     target_id: uuid.UUID,
     new_ids: dict[uuid.UUID, uuid.UUID],
 ) -> None:
+    """Snips, micro watermarks and collapses anchored on copied messages follow them to
+    their copies (`new_ids`: original uuid -> copy), so a fork or a compaction's
+    verbatim copies show the model the same projection."""
     snips = await db.scalars(select(Snip).where(Snip.session_id == source_id))
     for snip in snips:
         if snip.message_uuid in new_ids:
@@ -349,6 +352,7 @@ async def _copy_context_marks(
                     summary=span.summary,
                     tokens_saved=span.tokens_saved,
                     model=span.model,
+                    applied_at=span.applied_at,
                     created_at=span.created_at,
                 )
             )

@@ -17,7 +17,7 @@ from app.context.summary_prompt import summary_message
 from app.context.tokens import chars_to_tokens, estimate_content
 from app.context.types import COLLAPSED, COMPACT_BOUNDARY, COMPACT_SUMMARY, Node
 from app.errors import Invalid
-from app.models import AgentSession, Collapse, File, MicroWatermark, Snip
+from app.models import AgentSession, File
 from app.services import metrics, store
 from app.services.compaction.estimates import request_estimate, view_estimate
 from app.services.compaction.hooks import CompactionEvent, call_hooks
@@ -359,7 +359,7 @@ async def store_compaction(
             "clean_cut": plan.cut.clean,
         }
         rows = await store.append_many(db, session.id, specs)
-        await _copy_marks(db, session.id, view, copies)
+        await store.copy_context_marks(db, session.id, session.id, copies)
         await db.execute(
             update(AgentSession).where(AgentSession.id == session.id).values(compact_failures=0)
         )
@@ -375,31 +375,3 @@ async def store_compaction(
         messages_compacted=len(covered),
         trigger=trigger,
     )
-
-
-async def _copy_marks(
-    db: AsyncSession, session_id: uuid.UUID, view: ChainView, copies: dict[uuid.UUID, uuid.UUID]
-) -> None:
-    """Snips, the micro watermark and collapses on kept rows follow them to their copies."""
-    for snipped in view.snipped:
-        original = uuid.UUID(snipped)
-        if original in copies:
-            db.add(Snip(session_id=session_id, message_uuid=copies[original]))
-    if view.watermark is not None:
-        anchor = uuid.UUID(view.nodes[view.watermark].uuid)
-        if anchor in copies:
-            db.add(MicroWatermark(session_id=session_id, anchor_uuid=copies[anchor]))
-    for span in view.collapses:
-        if span.start_uuid in copies and span.end_uuid in copies:
-            db.add(
-                Collapse(
-                    session_id=session_id,
-                    start_uuid=copies[span.start_uuid],
-                    end_uuid=copies[span.end_uuid],
-                    summary=span.summary,
-                    tokens_saved=span.tokens_saved,
-                    model=span.model,
-                    applied_at=span.applied_at,
-                )
-            )
-    await db.flush()
