@@ -241,6 +241,9 @@ async def estimated_tokens(db: AsyncSession, session: AgentSession) -> int:
 
 
 def estimate_from_rows(session: AgentSession, rows: Any) -> int:
+    """Stored estimates are in calibration tokens; newer models' tokenizers count more
+    for the same text (`tokens_per_char_factor`)."""
+    factor = model_info(session.model).tokens_per_char_factor
     after = 0
     for row in reversed(rows):
         usage = row.usage
@@ -252,10 +255,11 @@ def estimate_from_rows(session: AgentSession, rows: Any) -> int:
                 + usage.get("output_tokens", 0)
             )
             if anchored:
-                return int(anchored + after)
+                return int(anchored + after * factor)
         if row.role is not None:
             after += row.token_estimate
-    return after + estimate_system(session.system) + estimate_tools(tool_definitions(session))
+    definitions = estimate_system(session.system) + estimate_tools(tool_definitions(session))
+    return int((after + definitions) * factor)
 
 
 async def to_out(

@@ -12,6 +12,7 @@ from app.context.tokens import estimate_content, estimate_system, estimate_tools
 from app.context.types import COMPACT_SUMMARY, Node
 from app.models import AgentSession
 from app.services import store
+from app.services.llm.models import model_info
 from app.services.sessions import Limits, estimate_from_rows
 from app.services.tools.definitions import tool_definitions
 from app.services.view import ChainView, load_view
@@ -23,12 +24,14 @@ log = logging.getLogger("parley.compaction")
 
 
 def view_estimate(session: AgentSession, nodes: list[Node]) -> int:
-    """A pure estimate of a request built from `nodes` (system and tools included)."""
-    return (
+    """A pure estimate of a request built from `nodes` (system and tools included), in
+    the session model's tokens."""
+    chars_based = (
         estimate_system(session.system)
         + estimate_tools(tool_definitions(session))
         + sum(node.token_estimate or estimate_content(node.content) for node in nodes)
     )
+    return int(chars_based * model_info(session.model).tokens_per_char_factor)
 
 
 def request_estimate(session: AgentSession, view: ChainView, freed: int = 0) -> int:
