@@ -1,13 +1,13 @@
 """One error hierarchy, rendered as RFC 9457 problem details (HTTP) or SSE `error` events.
 
 Routes and services raise `ProblemError` subclasses; the handlers in `install_handlers`
-turn those, framework errors (unknown routes, bad JSON, validation) and anything
-unexpected into `application/problem+json`. Nothing here ever leaks a stack trace.
+turn those and framework errors (unknown routes, bad JSON, validation) into
+`application/problem+json`; anything unexpected becomes a 500 problem in
+`api.middleware.RequestContextMiddleware`. Nothing ever leaks a stack trace.
 """
 
 from __future__ import annotations
 
-import logging
 from http import HTTPStatus
 from typing import Any
 
@@ -15,8 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-
-log = logging.getLogger("parley.errors")
 
 PROBLEM_JSON = "application/problem+json"
 
@@ -192,13 +190,7 @@ async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return problem_response(500, "internal", "Internal error", "An unexpected error occurred")
-
-
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation)
-    app.add_exception_handler(Exception, _on_unexpected)

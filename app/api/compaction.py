@@ -8,6 +8,7 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import DbDep, RuntimeDep, SessionDep
+from app.api.streaming import deliver
 from app.errors import Invalid, NotFound, UpstreamError
 from app.models import Run
 from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, SnipOut
@@ -62,7 +63,7 @@ async def compact_now(
     await db.commit()
     runtime.runs.launch(run, session)
     if body.background:
-        return JSONResponse(run_out(run).model_dump(mode="json"), status_code=202)
+        return await deliver(runtime, run, "background")
     await runtime.runs.wait_settled(run.id)
     async with runtime.db.sessionmaker() as fresh:
         done = await fresh.get(Run, run.id)

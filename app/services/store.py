@@ -109,12 +109,6 @@ def to_node(row: Any) -> Node:
     )
 
 
-async def chain_nodes(
-    db: AsyncSession, head: uuid.UUID | None, *, full: bool = False
-) -> list[Node]:
-    return [to_node(row) for row in await chain_rows(db, head, full=full)]
-
-
 async def get_message(
     db: AsyncSession, session_id: uuid.UUID, message_uuid: uuid.UUID
 ) -> Row[Any] | None:

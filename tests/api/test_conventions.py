@@ -156,3 +156,20 @@ async def test_open_mode_single_tenant(database_url: str, conn: Any) -> None:
             "unauthorized",
         )
     await runtime.db.engine.dispose()
+
+
+async def test_unexpected_error_is_a_problem_without_trace(database_url: str) -> None:
+    app = create_app(make_settings(database_url))
+
+    @app.get("/boom")
+    async def boom() -> None:
+        raise RuntimeError("secret internals")
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        response = await client.get("/boom", headers={"X-Request-Id": "req-500"})
+    body = problem(response, 500, "internal")
+    assert "secret internals" not in response.text
+    assert body["detail"] == "An unexpected error occurred"
+    assert response.headers["x-request-id"] == "req-500"
+    await app.state.runtime.db.engine.dispose()
