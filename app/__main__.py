@@ -22,7 +22,7 @@ from app.models import ApiKey
 
 
 async def _migrate(settings: Settings) -> None:
-    from app.services.migrations import upgrade
+    from app.migrate import upgrade
 
     if settings.is_sqlite:
         path = settings.database_url.split("///", 1)[-1]

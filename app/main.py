@@ -15,9 +15,9 @@ from app import __version__
 from app.api import compaction, files, messages, ops, playground, runs, sessions, transcripts
 from app.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, route_template
 from app.config import Settings
+from app.engine.runtime import Runtime
 from app.errors import install_handlers
 from app.logs import configure_logging
-from app.services.runtime import Runtime
 
 log = logging.getLogger("parley")
 

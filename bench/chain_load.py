@@ -35,9 +35,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.config import Settings
 from app.context.tokens import estimate_content
+from app.conversation import store
 from app.db import make_engine
-from app.services import store
-from app.services.migrations import upgrade
+from app.migrate import upgrade
 from bench.common import (
     TextFactory,
     Timer,

@@ -81,18 +81,19 @@ from app.context.micro import apply_micro, plan_micro
 from app.context.summary_prompt import CONTINUATION_HEADER, SUMMARY_MARKER
 from app.context.tokens import estimate_messages, estimate_system, estimate_tools, node_tokens
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY, Block, Node
+from app.conversation import sessions, store
+from app.conversation.files import DbWorkspace
+from app.conversation.views import compactable_tools, load_view
 from app.db import Database, make_engine
+from app.engine import compaction
+from app.engine.llm.events import MessageDone, StreamEvent
+from app.engine.loop import TurnRunner
+from app.engine.runtime import Runtime
+from app.engine.tools.builtin import BUILTIN_TOOLS
 from app.main import create_app
+from app.migrate import upgrade
 from app.models import AgentSession, Collapse, Message, MicroWatermark, Run
 from app.schemas import SessionCreate
-from app.services import compaction, sessions, store
-from app.services.agent import TurnRunner
-from app.services.llm.events import MessageDone, StreamEvent
-from app.services.migrations import upgrade
-from app.services.runtime import Runtime
-from app.services.tools.builtin import BUILTIN_TOOLS
-from app.services.tools.db_workspace import DbWorkspace
-from app.services.view import compactable_tools, load_view
 from bench.common import (
     TextFactory,
     median,

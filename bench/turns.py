@@ -44,9 +44,9 @@ import httpx
 from anthropic.types import MessageParam, RawContentBlockDeltaEvent, TextDelta
 
 from app.config import Settings
+from app.conversation import store
 from app.db import Database, make_engine
-from app.services import store
-from app.services.migrations import upgrade
+from app.migrate import upgrade
 from bench.common import (
     TextFactory,
     median,

@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import (
 
 from app.config import Settings, normalize_database_url
 from app.main import create_app
-from app.services.migrations import upgrade
+from app.migrate import upgrade
 from tests.fake_anthropic import FakeAnthropic
 
 DEFAULT_SERVER = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"

@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from app.db import Base
-from app.services.migrations import (
+from app.migrate import (
     alembic_config,
     current_revision,
     downgrade,

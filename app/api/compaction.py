@@ -9,13 +9,14 @@ from fastapi.responses import JSONResponse
 
 from app.api.deps import DbDep, RuntimeDep, SessionDep
 from app.api.streaming import deliver
+from app.conversation import snips
+from app.conversation.payloads import run_out
+from app.conversation.views import load_view
+from app.engine import compaction
+from app.engine.requests import build_body
 from app.errors import Invalid, NotFound, UpstreamError
 from app.models import Run
 from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, SnipOut
-from app.services import compaction, snips
-from app.services.payloads import run_out
-from app.services.requests import build_body
-from app.services.view import load_view
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["compaction"])
 

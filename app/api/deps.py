@@ -18,7 +18,7 @@ from app.errors import NotFound, Unauthorized
 from app.models import AgentSession, ApiKey
 
 if TYPE_CHECKING:
-    from app.services.runtime import Runtime
+    from app.engine.runtime import Runtime
 
 OPEN_TENANT = "default"
 

@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import delete, select
 
 from app.api.deps import DbDep, SessionDep
+from app.conversation.files import DbWorkspace
+from app.conversation.workspace import PathError, normalize_path
 from app.errors import Invalid, NotFound
 from app.models import File
 from app.schemas import FileOut, Page
-from app.services.tools.db_workspace import DbWorkspace
-from app.services.tools.workspace import PathError, normalize_path
 
 router = APIRouter(prefix="/sessions/{session_id}/files", tags=["files"])
 

@@ -9,11 +9,11 @@ from fastapi import APIRouter, Query
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep
 from app.context.blocks import preview
+from app.conversation import sessions, store
+from app.conversation.payloads import message_out
+from app.conversation.views import load_view
 from app.errors import Invalid, NotFound
 from app.schemas import ForkIn, HeadIn, MessageOut, Page, SessionOut, TreeNode
-from app.services import sessions, store
-from app.services.payloads import message_out
-from app.services.view import load_view
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["messages"])
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import metrics
 from app.errors import PROBLEM_JSON, PayloadTooLarge
-from app.services import metrics
 
 log = logging.getLogger("parley.http")
 

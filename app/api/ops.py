@@ -7,11 +7,11 @@ import logging
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
+from app import metrics
 from app.api.deps import RuntimeDep
 from app.errors import PROBLEM_JSON
+from app.migrate import current_revision
 from app.schemas import Health
-from app.services import metrics
-from app.services.migrations import current_revision
 
 router = APIRouter(tags=["operations"])
 log = logging.getLogger("parley.ops")

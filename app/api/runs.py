@@ -11,12 +11,12 @@ from sqlalchemy import and_, or_, select
 
 from app.api.deps import DbDep, RuntimeDep, SessionDep
 from app.api.streaming import SSE_RESPONSES, deliver, delivery_mode, sse_stream
+from app.conversation import store
+from app.conversation.payloads import run_out
+from app.engine.runs import load_run, request_hash
 from app.errors import Invalid, NotFound
 from app.models import Run
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
-from app.services import store
-from app.services.payloads import run_out
-from app.services.runs import load_run, request_hash
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
 

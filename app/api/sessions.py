@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app.api.deps import DbDep, RuntimeDep, SessionDep, SettingsDep, TenantDep
+from app.conversation import sessions
 from app.schemas import Page, SessionCreate, SessionOut, SessionPatch
-from app.services import sessions
 
 router = APIRouter(prefix="/sessions", tags=["sessions"])
 

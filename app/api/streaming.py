@@ -13,12 +13,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from app import metrics
+from app.conversation.payloads import message_out, run_out
+from app.engine.events import SHUTDOWN
+from app.engine.runtime import Runtime
 from app.models import Message, Run
 from app.schemas import TurnResult
-from app.services import metrics
-from app.services.events import SHUTDOWN
-from app.services.payloads import message_out, run_out
-from app.services.runtime import Runtime
 
 Mode = Literal["stream", "background", "wait"]
 

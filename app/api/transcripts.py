@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep
+from app.conversation import sessions, transcripts
 from app.schemas import SessionCreate, SessionOut
-from app.services import sessions, transcripts
 
 router = APIRouter(tags=["transcripts"])
 

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from app.services import store
+from app.conversation import store
 
 
 async def new_session(api: httpx.AsyncClient, **body: Any) -> str:

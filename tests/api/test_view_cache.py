@@ -7,9 +7,9 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
+from app.conversation.store import chain_rows
+from app.conversation.views import ChainCache
 from app.models import AgentSession
-from app.services.store import chain_rows
-from app.services.view import ChainCache
 from tests.api.seed import add, text
 
 

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.services.compaction import CompactionEvent, CompactionHooks
+from app.engine.compaction import CompactionEvent, CompactionHooks
 from tests.conftest import free_port, live_server
 from tests.runs.helpers import new_session
 

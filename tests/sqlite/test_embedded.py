@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.main import create_app
-from app.services.migrations import upgrade
+from app.migrate import upgrade
 from tests.conftest import LiveServer, free_port, make_settings
 from tests.runs.helpers import assert_next_request_valid, messages, names, new_session, post_stream
 

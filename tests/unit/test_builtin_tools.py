@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.services.tools import (
+from app.conversation.workspace import MAX_PATH_CHARS
+from app.engine.tools import (
     BUILTIN_TOOLS,
     READ_ONLY_TOOLS,
     MemoryWorkspace,
@@ -20,8 +21,7 @@ from app.services.tools import (
     run_builtin,
     truncate_middle,
 )
-from app.services.tools.builtin import TRUNCATION_MARKER, compile_glob
-from app.services.tools.workspace import MAX_PATH_CHARS
+from app.engine.tools.builtin import TRUNCATION_MARKER, compile_glob
 
 
 async def run(ws: MemoryWorkspace, name: str, **tool_input: Any) -> ToolOutcome:

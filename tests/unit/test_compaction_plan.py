@@ -14,8 +14,8 @@ from app.context.micro import COMPACTABLE_BUILTINS, apply_micro, plan_micro
 from app.context.normalize import normalize_for_api, validate_api_messages
 from app.context.tokens import estimate_messages
 from app.context.types import COMPACT_SUMMARY, USER, Node
-from app.models import AgentSession
-from app.services.compaction import (
+from app.conversation.views import ChainView
+from app.engine.compaction import (
     KEEP_SHARE,
     SUMMARY_MAX_TOKENS,
     NothingToCompact,
@@ -23,7 +23,7 @@ from app.services.compaction import (
     plan_compaction,
     view_estimate,
 )
-from app.services.view import ChainView
+from app.models import AgentSession
 from tests.unit.strategies import agent_histories, histories, node, text
 
 

@@ -17,17 +17,17 @@ import httpx2
 import pytest
 
 from app.config import Settings
-from app.services.llm.assembler import MessageAssembler
-from app.services.llm.client import AnthropicClient, make_model_client
-from app.services.llm.errors import ModelError, PromptTooLong
-from app.services.llm.events import (
+from app.engine.llm.assembler import MessageAssembler
+from app.engine.llm.client import AnthropicClient, make_model_client
+from app.engine.llm.errors import ModelError, PromptTooLong
+from app.engine.llm.events import (
     MessageDone,
     MessageStart,
     TextDelta,
     ThinkingDelta,
     ToolUseReady,
 )
-from app.services.llm.offline import OfflineModel
+from app.engine.llm.offline import OfflineModel
 
 BODY: dict[str, Any] = {
     "model": "claude-sonnet-4-5",

@@ -9,7 +9,7 @@ import anthropic
 import httpx2
 import pytest
 
-from app.services.llm.errors import (
+from app.engine.llm.errors import (
     ModelError,
     PromptTooLong,
     error_from_body,

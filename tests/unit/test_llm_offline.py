@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from app.services.llm.client import ModelClient
-from app.services.llm.events import (
+from app.engine.llm.client import ModelClient
+from app.engine.llm.events import (
     MessageDone,
     MessageStart,
     StreamEvent,
@@ -16,7 +16,7 @@ from app.services.llm.events import (
     ThinkingDelta,
     ToolUseReady,
 )
-from app.services.llm.offline import SUMMARY_HEADINGS, OfflineModel, summary_marker
+from app.engine.llm.offline import SUMMARY_HEADINGS, OfflineModel, summary_marker
 
 TOOLS = [
     {"name": "Read", "input_schema": {"type": "object"}},

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from app.services.llm.retry import MAX_RETRY_AFTER_SECONDS, backoff_delay
+from app.engine.llm.retry import MAX_RETRY_AFTER_SECONDS, backoff_delay
 
 
 class Fixed(random.Random):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.services.tools.workspace import PathError, Workspace, normalize_dir, normalize_path
+from app.conversation.workspace import PathError, Workspace, normalize_dir, normalize_path
 
 READ_DEFAULT_LIMIT = 2000
 MAX_LINE_CHARS = 2000

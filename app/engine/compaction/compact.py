@@ -11,24 +11,25 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import metrics
 from app.context.blocks import is_clean_user_turn
 from app.context.cut import Cut, find_cut
 from app.context.summary_prompt import summary_message
 from app.context.tokens import chars_to_tokens, estimate_content
 from app.context.types import COLLAPSED, COMPACT_BOUNDARY, COMPACT_SUMMARY, Node
+from app.conversation import store
+from app.conversation.payloads import message_payload
+from app.conversation.sessions import Limits
+from app.conversation.views import ChainView, load_view
+from app.engine.compaction.estimates import request_estimate, view_estimate
+from app.engine.compaction.hooks import CompactionEvent, call_hooks
+from app.engine.compaction.summary import CompactionFailed, summarise, text_node
 from app.errors import Invalid
 from app.models import AgentSession, File
-from app.services import metrics, store
-from app.services.compaction.estimates import request_estimate, view_estimate
-from app.services.compaction.hooks import CompactionEvent, call_hooks
-from app.services.compaction.summary import CompactionFailed, summarise, text_node
-from app.services.payloads import message_payload
-from app.services.sessions import Limits
-from app.services.view import ChainView, load_view
 
 if TYPE_CHECKING:
-    from app.services.agent import TurnRunner
-    from app.services.runtime import Runtime
+    from app.engine.loop import TurnRunner
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 

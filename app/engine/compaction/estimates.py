@@ -10,15 +10,15 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.tokens import estimate_content, estimate_system, estimate_tools
 from app.context.types import COMPACT_SUMMARY, Node
+from app.conversation import store
+from app.conversation.sessions import Limits, estimate_from_rows
+from app.conversation.views import ChainView, load_view
+from app.engine.llm.models import model_info
+from app.engine.tools.definitions import tool_definitions
 from app.models import AgentSession
-from app.services import store
-from app.services.llm.models import model_info
-from app.services.sessions import Limits, estimate_from_rows
-from app.services.tools.definitions import tool_definitions
-from app.services.view import ChainView, load_view
 
 if TYPE_CHECKING:
-    from app.services.runtime import Runtime
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 

@@ -1,19 +1,19 @@
 """Built-in workspace tools. `db_workspace` is imported on its own: the rest is pure."""
 
-from app.services.tools.builtin import (
+from app.conversation.workspace import (
+    MemoryWorkspace,
+    PathError,
+    Workspace,
+    normalize_dir,
+    normalize_path,
+)
+from app.engine.tools.builtin import (
     BUILTIN_TOOLS,
     READ_ONLY_TOOLS,
     ToolOutcome,
     ToolSpec,
     run_builtin,
     truncate_middle,
-)
-from app.services.tools.workspace import (
-    MemoryWorkspace,
-    PathError,
-    Workspace,
-    normalize_dir,
-    normalize_path,
 )
 
 __all__ = [

@@ -12,14 +12,14 @@ from app.context.summary_prompt import (
     extract_summary,
 )
 from app.context.tokens import chars_to_tokens
+from app.conversation.sessions import Limits, estimated_tokens
+from app.conversation.views import load_view, span_indices
+from app.engine.compaction.summary import CompactionFailed, complete
+from app.engine.llm.errors import ModelError
 from app.models import AgentSession, Collapse
-from app.services.compaction.summary import CompactionFailed, complete
-from app.services.llm.errors import ModelError
-from app.services.sessions import Limits, estimated_tokens
-from app.services.view import load_view, span_indices
 
 if TYPE_CHECKING:
-    from app.services.runtime import Runtime
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 

@@ -10,10 +10,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.blocks import is_model_visible, tool_result_ids, tool_use_ids
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY, Node
+from app.conversation import store
+from app.conversation.views import load_view
 from app.errors import Conflict, Invalid, NotFound
 from app.models import AgentSession, Snip
-from app.services import store
-from app.services.view import load_view
 
 
 def pair_problem(nodes: Sequence[Node], snipped: set[str]) -> str | None:

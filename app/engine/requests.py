@@ -7,9 +7,9 @@ from typing import Any
 from app.context.cache import add_cache_breakpoints
 from app.context.normalize import normalize_for_api
 from app.context.types import Node
+from app.conversation.sessions import default_max_tokens
+from app.engine.tools.definitions import tool_definitions
 from app.models import AgentSession
-from app.services.sessions import default_max_tokens
-from app.services.tools.definitions import tool_definitions
 
 
 def system_blocks(system: Any) -> list[dict[str, Any]] | None:

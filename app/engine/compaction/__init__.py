@@ -11,8 +11,8 @@
    "prompt is too long" answer) use the same machinery.
 """
 
-from app.services.compaction.collapse import COLLAPSE_INSTRUCTION, collapse_spans
-from app.services.compaction.compact import (
+from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION, collapse_spans
+from app.engine.compaction.compact import (
     FILES_SHARE,
     KEEP_SHARE,
     CompactionOutcome,
@@ -22,10 +22,10 @@ from app.services.compaction.compact import (
     plan_compaction,
     precheck,
 )
-from app.services.compaction.estimates import context_report, request_estimate, view_estimate
-from app.services.compaction.hooks import CompactionEvent, CompactionHooks, WebhookHook
-from app.services.compaction.layers import before_request, reactive, run_manual
-from app.services.compaction.summary import SUMMARY_MAX_TOKENS, CompactionFailed
+from app.engine.compaction.estimates import context_report, request_estimate, view_estimate
+from app.engine.compaction.hooks import CompactionEvent, CompactionHooks, WebhookHook
+from app.engine.compaction.layers import before_request, reactive, run_manual
+from app.engine.compaction.summary import SUMMARY_MAX_TOKENS, CompactionFailed
 
 __all__ = [
     "COLLAPSE_INSTRUCTION",

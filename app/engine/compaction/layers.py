@@ -10,22 +10,22 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import update
 
+from app import metrics
 from app.context.micro import plan_micro
 from app.context.types import Node
+from app.conversation.sessions import Limits
+from app.conversation.views import load_view
+from app.engine.compaction.compact import NothingToCompact, compact
+from app.engine.compaction.estimates import cache_cold, request_estimate
+from app.engine.compaction.summary import CompactionFailed
+from app.engine.llm.errors import PromptTooLong
+from app.engine.requests import max_tokens_of
 from app.errors import RunFailed
 from app.models import AgentSession, Collapse, MicroWatermark
-from app.services import metrics
-from app.services.compaction.compact import NothingToCompact, compact
-from app.services.compaction.estimates import cache_cold, request_estimate
-from app.services.compaction.summary import CompactionFailed
-from app.services.llm.errors import PromptTooLong
-from app.services.requests import max_tokens_of
-from app.services.sessions import Limits
-from app.services.view import load_view
 
 if TYPE_CHECKING:
-    from app.services.agent import TurnRunner
-    from app.services.runtime import Runtime
+    from app.engine.loop import TurnRunner
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 

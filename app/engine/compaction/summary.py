@@ -17,18 +17,18 @@ from app.context.summary_prompt import (
 )
 from app.context.tokens import chars_to_tokens, estimate_content
 from app.context.types import Node
+from app.conversation.sessions import Limits
+from app.engine.compaction.estimates import cache_cold, view_estimate
+from app.engine.llm.errors import ModelError, PromptTooLong
+from app.engine.llm.events import MessageDone
+from app.engine.llm.retry import backoff_delay
+from app.engine.requests import build_body
 from app.models import AgentSession
-from app.services.compaction.estimates import cache_cold, view_estimate
-from app.services.llm.errors import ModelError, PromptTooLong
-from app.services.llm.events import MessageDone
-from app.services.llm.retry import backoff_delay
-from app.services.requests import build_body
-from app.services.sessions import Limits
 
 if TYPE_CHECKING:
-    from app.services.agent import TurnRunner
-    from app.services.compaction.compact import CompactionPlan
-    from app.services.runtime import Runtime
+    from app.engine.compaction.compact import CompactionPlan
+    from app.engine.loop import TurnRunner
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 

@@ -36,9 +36,9 @@ from sqlalchemy import Table, insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY
+from app.conversation.store import chain_rows, new_row
 from app.errors import Invalid
 from app.models import AgentSession, Message, utcnow
-from app.services.store import chain_rows, new_row
 
 BOUNDARY_TEXT = "Conversation compacted"  # what Claude Code writes on its boundary lines
 SYNTHETIC_MODEL = "<synthetic>"  # Claude Code's model name for locally made replies

@@ -12,8 +12,8 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.conversation.workspace import Workspace
 from app.models import File, utcnow
-from app.services.tools.workspace import Workspace
 
 
 class DbWorkspace(Workspace):

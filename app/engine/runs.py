@@ -24,18 +24,19 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
+from app import metrics
 from app.context.blocks import as_blocks
+from app.conversation import store
+from app.conversation.payloads import message_payload, result_events, run_json
+from app.engine.compaction import collapse_spans
+from app.engine.events import EventHub, StoredEvent, dumps, event_rows, run_events_t
+from app.engine.tools.builtin import truncate_middle
 from app.errors import Conflict, Invalid, NotFound
 from app.models import ACTIVE_RUN_STATUSES, FINAL_RUN_STATUSES, AgentSession, Run, RunEvent
 from app.schemas import IfBusy, ToolResultsIn
-from app.services import metrics, store
-from app.services.compaction import collapse_spans
-from app.services.events import EventHub, StoredEvent, dumps, event_rows, run_events_t
-from app.services.payloads import message_payload, result_events, run_json
-from app.services.tools.builtin import truncate_middle
 
 if TYPE_CHECKING:
-    from app.services.runtime import Runtime
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.runs")
 
@@ -278,7 +279,7 @@ class RunManager:
     async def _execute(
         self, run_id: uuid.UUID, run: Run | None = None, session: AgentSession | None = None
     ) -> None:
-        from app.services.agent import execute
+        from app.engine.loop import execute
 
         metrics.runs_active.inc()
         runner = None

@@ -20,14 +20,14 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
 from app.config import Settings
+from app.conversation.views import VIEW_CACHE
 from app.db import Database, make_engine
+from app.engine.compaction import CompactionHooks, WebhookHook
+from app.engine.events import EventHub
+from app.engine.llm.client import ModelClient, make_model_client
+from app.engine.runs import RunManager
+from app.migrate import head_revision
 from app.models import ApiKey
-from app.services.compaction import CompactionHooks, WebhookHook
-from app.services.events import EventHub
-from app.services.llm.client import ModelClient, make_model_client
-from app.services.migrations import head_revision
-from app.services.runs import RunManager
-from app.services.view import VIEW_CACHE
 
 log = logging.getLogger("parley.runtime")
 

@@ -14,6 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
 from app.context.tokens import estimate_system, estimate_tools
+from app.conversation.store import chain_rows
+from app.conversation.views import VIEW_CACHE
+from app.engine.llm.models import model_info
+from app.engine.tools.definitions import tool_definitions
 from app.errors import BadRequest, Conflict, Invalid
 from app.models import ACTIVE_RUN_STATUSES, AgentSession, Run
 from app.schemas import (
@@ -25,10 +29,6 @@ from app.schemas import (
     SessionPatch,
     Usage,
 )
-from app.services.llm.models import model_info
-from app.services.store import chain_rows
-from app.services.tools.definitions import tool_definitions
-from app.services.view import VIEW_CACHE
 
 AUTOCOMPACT_BUFFER_TOKENS = 13_000
 SUMMARY_OUTPUT_RESERVE = 20_000

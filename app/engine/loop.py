@@ -20,31 +20,33 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app import metrics
 from app.context.types import Node
-from app.errors import RunFailed, UpstreamError
-from app.models import AgentSession, Run
-from app.services import compaction, metrics, store
-from app.services.events import runs_t
-from app.services.llm.errors import ModelError, PromptTooLong
-from app.services.llm.events import (
+from app.conversation import store
+from app.conversation.files import DbWorkspace
+from app.conversation.payloads import message_payload, result_events, run_json
+from app.engine import compaction
+from app.engine.events import runs_t
+from app.engine.llm.errors import ModelError, PromptTooLong
+from app.engine.llm.events import (
     MessageDone,
     MessageStart,
     TextDelta,
     ThinkingDelta,
     ToolUseReady,
 )
-from app.services.llm.retry import backoff_delay
-from app.services.payloads import message_payload, result_events, run_json
-from app.services.requests import build_body
-from app.services.runs import (
+from app.engine.llm.retry import backoff_delay
+from app.engine.requests import build_body
+from app.engine.runs import (
     CANCELLED_TOOL_TEXT,
     INTERRUPTED_TOOL_TEXT,
     answer_open_tool_uses,
     now,
 )
-from app.services.tools.builtin import READ_ONLY_TOOLS, run_builtin, truncate_middle
-from app.services.tools.db_workspace import DbWorkspace
-from app.services.tools.definitions import client_tool_names
+from app.engine.tools.builtin import READ_ONLY_TOOLS, run_builtin, truncate_middle
+from app.engine.tools.definitions import client_tool_names
+from app.errors import RunFailed, UpstreamError
+from app.models import AgentSession, Run
 
 log = logging.getLogger("parley.agent")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.engine.tools.builtin import BUILTIN_TOOLS
 from app.models import AgentSession
-from app.services.tools.builtin import BUILTIN_TOOLS
 
 PARLEY_TOOL_KEYS = ("compactable",)  # Parley's own keys, never sent to the model
 

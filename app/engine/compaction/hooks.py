@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import httpx
 
 if TYPE_CHECKING:
-    from app.services.runtime import Runtime
+    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 

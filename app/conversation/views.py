@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.context.collapse import apply_collapses
 from app.context.micro import COMPACTABLE_BUILTINS, apply_micro
 from app.context.types import COMPACT_BOUNDARY, Node
+from app.conversation.store import chain_rows, to_node
 from app.models import AgentSession, Collapse, MicroWatermark, Snip
-from app.services.store import chain_rows, to_node
 
 
 @dataclass
