@@ -12,7 +12,7 @@ does I/O. Replies are built mechanically from the request:
 - ``/tool <Name> <json input>`` on a line of the last user message calls tool
   ``<Name>`` with that input (``{}`` when omitted). Several such lines make parallel
   calls. Tools missing from ``body["tools"]`` and inputs that are not a JSON object
-  are ignored (the text reply then says why). The reply holds only the tool_use
+  are ignored (the echo reply then says why). The reply holds only the tool_use
   blocks, ``stop_reason`` ``tool_use``.
 - When the last user message holds ``tool_result`` blocks it answers with text like
   ``Tool Read returned 12 lines.`` plus the first line of each result, ``end_turn``.
@@ -20,10 +20,10 @@ does I/O. Replies are built mechanically from the request:
   signature), but only when the body enables thinking.
 - ``/long N`` replies with about N tokens of filler text (N*4 characters).
 - A compaction request (the last user message contains ``SUMMARY_MARKER`` from
-  ``app.context.summary_prompt``, or ``<summary>`` while that module is absent) gets
-  an extractive summary: ``<summary>`` with the nine fixed section headings, filled
-  with lines quoted from the conversation (the messages, and a ``<transcript>`` in
-  the instruction when the conversation was sent as text), then ``</summary>``.
+  ``app.context.summary_prompt``) gets an extractive summary: ``<summary>`` with the
+  nine fixed section headings, filled with lines quoted from the conversation (the
+  messages, and a ``<transcript>`` in the instruction when the conversation was sent
+  as text), then ``</summary>``.
 - A request ending with an assistant message (prefill, e.g. a ``max_tokens``
   continuation) gets the rest of the reply that message started.
 
@@ -32,6 +32,9 @@ with ``stop_reason`` ``max_tokens`` (a tool input cut that way is reported as
 truncated). Usage: input tokens are the body's JSON length / 4, output tokens the
 produced characters / 4; no caching. The same body always gives the same events,
 ids included (they derive from a hash of the body).
+
+This module decides which reply a body gets; `offline_replies` and `offline_summary`
+compose them, `offline_wire` turns them into stream events.
 """
 
 from __future__ import annotations
@@ -74,8 +77,8 @@ _DEFAULT_MAX_TOKENS: Final = 4096
 class OfflineModel(ModelClient):
     """A deterministic stand-in for Claude that is NOT a language model (see module doc).
 
-    `delay` pauses between deltas (seconds) so a playground shows text arriving;
-    tests leave it at 0, which still yields to the event loop between deltas.
+    `delay` (seconds) pauses between streamed events, to watch text arrive; the
+    service and the tests use 0, which still yields to the event loop between events.
     """
 
     def __init__(self, *, delay: float = 0.0) -> None:

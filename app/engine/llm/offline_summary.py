@@ -7,10 +7,11 @@ enough for compaction to run end to end offline, with output tests can check.
 
 from __future__ import annotations
 
-import importlib
 import json
 import re
 from typing import Any, Final
+
+from app.context.summary_prompt import SUMMARY_MARKER
 
 from .offline_messages import (
     blocks_of,
@@ -35,18 +36,12 @@ SUMMARY_HEADINGS: Final = (
     "8. Current Work",
     "9. Optional Next Step",
 )
-_FALLBACK_MARKER: Final = "<summary>"
 _PATH_KEYS: Final = ("file_path", "path", "notebook_path")
 
 
 def summary_marker() -> str:
-    """The compaction marker, read lazily: its module may not exist yet."""
-    try:
-        module = importlib.import_module("app.context.summary_prompt")
-    except ImportError:
-        return _FALLBACK_MARKER
-    marker = getattr(module, "SUMMARY_MARKER", None)
-    return marker if isinstance(marker, str) and marker else _FALLBACK_MARKER
+    """The phrase of the summary instruction that marks a request as a compaction."""
+    return SUMMARY_MARKER
 
 
 def extractive_summary(messages: list[dict[str, Any]], marker: str) -> str:
@@ -112,8 +107,9 @@ def transcript_messages(text: str) -> list[dict[str, Any]]:
     """Messages recovered from a `<transcript>` in the instruction, best effort.
 
     A summary request that cannot reuse the cached prefix carries the conversation as
-    text (`app.context.render.render_for_summary`): "User: " / "Assistant: "
-    paragraphs, tool calls as `[called Name({...})]`, results as `[result: ...]`.
+    text (`app.context.render.render_for_summary`): "User: " / "Assistant: " /
+    "Summary of ...: " paragraphs (the last read as user messages), tool calls as
+    `[called Name({...})]`, results as `[result: ...]`.
     """
     match = _TRANSCRIPT.search(text)
     if match is None:

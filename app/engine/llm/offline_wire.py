@@ -18,8 +18,8 @@ from .models import OFFLINE_MODEL
 __all__ = ["CHARS_PER_TOKEN", "ReplyBlock", "render_wire_events"]
 
 CHARS_PER_TOKEN: Final = 4
-_TEXT_CHUNK: Final = 24  # characters per text delta, at word boundaries
-_JSON_CHUNK: Final = 16
+_TEXT_CHUNK: Final = 24  # characters per text or thinking delta, at word boundaries
+_JSON_CHUNK: Final = 16  # characters per input_json_delta
 
 
 @dataclass(frozen=True, slots=True)
