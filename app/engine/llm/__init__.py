@@ -1,5 +1,6 @@
 """The model adapter layer: Anthropic streaming client, offline stand-in, model table,
-error classification and retry policy. The agent loop talks only to `ModelClient`."""
+error classification and retry policy. The agent loop and compaction talk only to
+`ModelClient`."""
 
 from .assembler import MessageAssembler
 from .client import AnthropicClient, ModelClient, make_model_client

@@ -79,8 +79,8 @@ class MessageAssembler:
     def feed(self, event: dict[str, Any]) -> StreamEvent | list[StreamEvent] | None:
         """Apply one event; return what to yield (None for most bookkeeping events).
 
-        Raises `ModelError` for an `error` event; `KeyError`/`TypeError` mean a
-        malformed stream and are reported by the caller as `stream_broken`.
+        Raises `ModelError` for an `error` event; `KeyError`, `TypeError` or
+        `AttributeError` mean a malformed stream, which the caller reports as such.
         """
         etype = event["type"]
         if etype == "content_block_delta":

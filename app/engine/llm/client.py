@@ -7,8 +7,8 @@ delta on the hot path, and it posts the body as pre-serialised JSON so the SDK d
 walk and copy a large history before sending it. The SDK still owns the connection
 pool, auth headers, `anthropic-version` and the mapping of HTTP errors to exceptions.
 
-There are no retries here (the SDK's are off too): the agent loop retries, because
-only it can tell the client to discard a partially shown message first.
+There are no retries here (the SDK's are off too): callers retry, because only the
+agent loop can tell the client to discard a partially shown message first.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def _stream_error(data: str, request_id: str | None) -> ModelError:
 
 
 def make_model_client(settings: Settings) -> ModelClient:
-    """The configured client: Anthropic with a key, else the offline stand-in."""
+    """The client `settings.provider` names: Anthropic, or the offline stand-in."""
     if settings.provider == "anthropic":
         return AnthropicClient.from_settings(settings)
     from .offline import OfflineModel

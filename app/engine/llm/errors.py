@@ -139,12 +139,13 @@ _KIND_BY_TYPE: Final[dict[str, ErrorKind]] = {
     "api_error": "server",
     "overloaded_error": "overloaded",
 }
-# Longest wait a retry-after header can ask for that we still believe (a day).
+# A retry-after header asking for longer is read as this (a day).
 _MAX_RETRY_AFTER_HEADER = 86_400.0
 
 
 def parse_prompt_too_long(message: str) -> tuple[int, int] | None:
-    """`(tokens, maximum)` from a "prompt is too long" message, (0, 0) without numbers."""
+    """`(tokens, maximum)` from a "prompt is too long" message, (0, 0) without numbers;
+    None for any other message."""
     match = _PROMPT_TOO_LONG.search(message)
     if match is None:
         return None
@@ -194,7 +195,8 @@ def error_from_body(
     """Classify an API error body `{"type": "error", "error": {"type", "message"}, ...}`.
 
     `status` 200 (or None) means the error arrived inside a stream: the error type
-    decides. Otherwise the HTTP status decides, refined by the type and the message.
+    decides. Otherwise the HTTP status decides (the type, for a status it does not
+    know), refined by the type and the message.
     """
     error: Mapping[str, Any] = {}
     if isinstance(body, Mapping):

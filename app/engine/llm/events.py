@@ -1,9 +1,10 @@
 """What one model response looks like while it streams, as plain immutable values.
 
-The agent loop consumes these from any `ModelClient` (the Anthropic adapter or the
-offline stand-in), so it never sees SDK types or raw SSE. Deltas carry only what the
-client shows live; `MessageDone` carries the whole message exactly as a non-streamed
-Messages API response would hold it, which is what gets stored.
+The agent loop and compaction's summary request consume these from any `ModelClient`
+(the Anthropic adapter or the offline stand-in), so they never see SDK types or raw
+SSE. Deltas carry only what the client shows live; `MessageDone` carries the whole
+message exactly as a non-streamed Messages API response would hold it, which is what
+gets stored.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ class ThinkingDelta:
 
 @dataclass(frozen=True, slots=True)
 class ToolUseReady:
-    """A client tool call whose input JSON is complete, so it can be shown or started.
+    """A `tool_use` block whose input JSON is complete, so it can be shown or started.
 
-    `block` is `{"type": "tool_use", "id", "name", "input"}` and is the same object as in
+    Sent for every `tool_use` block, built-in and client tools alike; server tool
+    blocks (`server_tool_use`, `mcp_tool_use`) get none. `block` is
+    `{"type": "tool_use", "id", "name", "input"}` and is the same object as in
     `MessageDone.content`: treat it as read-only. A tool use whose input was cut off (by
     `max_tokens`) never gets this event; see `MessageDone.truncated_tool_use_ids`.
     """

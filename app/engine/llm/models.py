@@ -104,8 +104,9 @@ def _canonical(name: str) -> str:
 def model_info(name: str) -> ModelInfo:
     """Limits for `name` (alias, dated snapshot or provider id); safe defaults if unknown.
 
-    Only exact suffixes are stripped, never arbitrary prefixes, so a newer model such
-    as "claude-opus-4-6" is not mistaken for "claude-opus-4".
+    Only known suffixes and a Bedrock provider prefix are stripped; names are never
+    matched by prefix, so a newer model such as "claude-opus-4-6" is not mistaken for
+    "claude-opus-4".
     """
     info = _TABLE.get(_canonical(name))
     if info is None:

@@ -3,7 +3,7 @@
 Exponential backoff with jitter spreads the retries of many runs hit by the same
 overload; equal jitter (the default) keeps at least half of the exponential step, so a
 retry after a 529 is never immediate, while full jitter spreads widest. A server's
-`retry-after` is a floor: retrying earlier only earns another 429.
+`retry-after` is a floor (up to a minute): retrying earlier only earns another 429.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Final, Literal
 
 __all__ = ["MAX_RETRY_AFTER_SECONDS", "backoff_delay"]
 
-# The longest wait this policy ever returns, even when a server asks for more; the loop
-# should rather fail the run (compare `ModelError.retry_after` with this) than hold it.
+# The longest retry-after obeyed: a run is not held for however long a server asks,
+# it retries after this and fails once out of retries.
 MAX_RETRY_AFTER_SECONDS: Final = 60.0
 # Jitter added on top of a retry-after floor, as a fraction of it, so runs told to come
 # back at the same second do not all come back at that very instant.
