@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.context.tools import BUILTIN_TOOLS, READ_ONLY_TOOLS
 from app.conversation.workspace import MAX_PATH_CHARS
 from app.engine.tools import (
-    BUILTIN_TOOLS,
-    READ_ONLY_TOOLS,
     MemoryWorkspace,
     PathError,
     ToolOutcome,
