@@ -20,7 +20,8 @@ from app.engine.tools import (
     run_builtin,
     truncate_middle,
 )
-from app.engine.tools.builtin import TRUNCATION_MARKER, compile_glob
+from app.engine.tools.builtin import TRUNCATION_MARKER
+from app.engine.tools.globs import compile_glob
 
 
 async def run(ws: MemoryWorkspace, name: str, **tool_input: Any) -> ToolOutcome:

@@ -12,23 +12,16 @@ output), so Read's line numbers and Grep's always agree.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app.context.tools import (
-    BUILTIN_TOOLS,
-    MAX_LINE_CHARS,
-    READ_DEFAULT_LIMIT,
-    BuiltinTool,
-    ToolSpec,
-)
+from app.context.tools import BUILTIN_TOOLS, MAX_LINE_CHARS, READ_DEFAULT_LIMIT, BuiltinTool
 from app.conversation.workspace import PathError, Workspace, normalize_dir, normalize_path
+from app.engine.tools.globs import GlobError, compile_glob
+from app.engine.tools.validation import check_input
 
-# `{a,b}{c,d}...` doubles per group; past this many alternatives a pattern is refused.
-MAX_GLOB_ALTERNATIVES = 256
 TRUNCATION_MARKER = "\n\n[... {} characters truncated ...]\n\n"
 
 
@@ -43,58 +36,7 @@ class ToolError(Exception):
 
 
 # ---------------------------------------------------------------------------------------
-# Input validation: the few JSON-schema keywords the registry's schemas use.
-
-_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "boolean": bool}
-
-
-def _json_type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    for name, kind in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
-        if isinstance(value, kind):
-            return name
-    return "array" if isinstance(value, list) else "object"
-
-
-def _article(noun: str) -> str:
-    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
-
-
-def _value_problem(name: str, value: object, schema: dict[str, Any]) -> str | None:
-    kind = schema["type"]
-    # bool is an int in Python, but `true` is no valid offset.
-    if not isinstance(value, _JSON_TYPES[kind]) or (kind == "integer" and isinstance(value, bool)):
-        return f"'{name}' must be {_article(kind)}, not {_article(_json_type_name(value))}"
-    if "enum" in schema and value not in schema["enum"]:
-        choices = ", ".join(repr(choice) for choice in schema["enum"])
-        return f"'{name}' must be one of {choices}, not {value!r}"
-    if "minimum" in schema and isinstance(value, int) and value < schema["minimum"]:
-        return f"'{name}' must be at least {schema['minimum']}, not {value}"
-    return None
-
-
-def _validate(spec: ToolSpec, tool_input: object) -> tuple[dict[str, Any], str | None]:
-    """The input without null members (models send `null` for "not given"), or a problem."""
-    if not isinstance(tool_input, dict):
-        return {}, f"the input must be a JSON object, not {_article(_json_type_name(tool_input))}"
-    properties: dict[str, Any] = spec.input_schema["properties"]
-    args = {key: value for key, value in tool_input.items() if value is not None}
-    unknown = sorted(str(key) for key in args if key not in properties)
-    if unknown:
-        return {}, f"unknown parameter(s) {unknown}; {spec.name} takes {sorted(properties)}"
-    for name in spec.input_schema["required"]:
-        if name not in args:
-            return {}, f"the required parameter '{name}' is missing"
-    for name, value in args.items():
-        problem = _value_problem(name, value, properties[name])
-        if problem:
-            return {}, problem
-    return args, None
-
-
-# ---------------------------------------------------------------------------------------
-# Text helpers.
+# Helpers.
 
 
 def _decode(data: bytes) -> str | None:
@@ -144,92 +86,6 @@ async def _read_text(workspace: Workspace, path: str, action: str) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------------------
-# Globs, translated to regular expressions (fnmatch knows no `**` and lets `*` cross `/`).
-
-
-def _expand_braces(pattern: str) -> list[str]:
-    """`a{b,c}d` -> `abd`, `acd`; nested groups expand too; an unclosed `{` is literal."""
-    depth, start = 0, 0
-    commas: list[int] = []
-    for i, char in enumerate(pattern):
-        if char == "{":
-            if depth == 0:
-                start, commas = i, []
-            depth += 1
-        elif char == "," and depth == 1:
-            commas.append(i)
-        elif char == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                bounds = [start, *commas, i]
-                head, tail = pattern[:start], pattern[i + 1 :]
-                expanded: list[str] = []
-                for lo, hi in itertools.pairwise(bounds):
-                    expanded += _expand_braces(head + pattern[lo + 1 : hi] + tail)
-                    if len(expanded) > MAX_GLOB_ALTERNATIVES:
-                        raise ToolError(f"glob {pattern!r} has too many {{...}} alternatives")
-                return expanded
-    return [pattern]
-
-
-def _class_regex(segment: str, i: int) -> tuple[str, int] | None:
-    """The `[...]` class starting at `segment[i]` and the index of its `]`, if closed."""
-    j = i + 1
-    negate = j < len(segment) and segment[j] in "!^"
-    j += negate
-    end = segment.find("]", j + 1 if j < len(segment) and segment[j] == "]" else j)
-    if end < 0:
-        return None
-    body = "".join(c if c == "-" else re.escape(c) for c in segment[j:end])
-    return f"[{'^/' if negate else ''}{body}]", end
-
-
-def _segment_regex(segment: str) -> str:
-    parts: list[str] = []
-    i = 0
-    while i < len(segment):
-        char = segment[i]
-        if char == "*":
-            while i + 1 < len(segment) and segment[i + 1] == "*":
-                i += 1
-            parts.append("[^/]*")
-        elif char == "?":
-            parts.append("[^/]")
-        elif char == "[" and (found := _class_regex(segment, i)):
-            parts.append(found[0])
-            i = found[1]
-        else:
-            parts.append(re.escape(char))
-        i += 1
-    return "".join(parts)
-
-
-def _glob_regex(pattern: str) -> str:
-    segments = [s for s in pattern.split("/") if s not in ("", ".")]
-    if ".." in segments:
-        raise ToolError(f"glob {pattern!r} contains '..'; choose the directory with path instead")
-    if not segments:
-        raise ToolError(f"glob {pattern!r} matches no file name")
-    parts: list[str] = []
-    for i, segment in enumerate(segments):
-        last = i == len(segments) - 1
-        if segment == "**":
-            parts.append(".*" if last else "(?:[^/]+/)*")
-        else:
-            parts.append(_segment_regex(segment) + ("" if last else "/"))
-    return "".join(parts)
-
-
-def compile_glob(pattern: str) -> re.Pattern[str]:
-    """A regex that `fullmatch`es the relative paths the glob names; raises ToolError."""
-    alternatives = "|".join(f"(?:{_glob_regex(p)})" for p in _expand_braces(pattern))
-    try:
-        return re.compile(alternatives)
-    except re.error as exc:
-        raise ToolError(f"invalid glob {pattern!r}: {exc}") from None
-
-
 def _under(paths: list[str], directory: str) -> list[tuple[str, str]]:
     """(path, path relative to directory) for files under it; raises if there are none."""
     if not directory:
@@ -244,7 +100,8 @@ def _under(paths: list[str], directory: str) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------
-# The tools. Each takes validated input and returns its text, or raises ToolError.
+# The tools. Each takes validated input and returns its text, or raises ToolError
+# (GlobError for an unusable glob).
 
 
 async def _read(args: dict[str, Any], workspace: Workspace) -> str:
@@ -399,12 +256,12 @@ async def run_builtin(name: str, tool_input: dict[str, Any], workspace: Workspac
     if spec is None:
         available = ", ".join(sorted(BUILTIN_TOOLS))
         return ToolOutcome(f"Unknown built-in tool {name!r}; available: {available}", True)
-    args, problem = _validate(spec, tool_input)
+    args, problem = check_input(spec, tool_input)
     if problem:
         return ToolOutcome(f"Invalid input for {name}: {problem}", is_error=True)
     try:
         return ToolOutcome(await HANDLERS[name](args, workspace))
-    except (ToolError, PathError) as exc:
+    except (ToolError, GlobError, PathError) as exc:
         return ToolOutcome(str(exc), is_error=True)
 
 
