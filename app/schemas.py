@@ -9,10 +9,10 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from app.context.tools import BuiltinTool
+
 T = TypeVar("T")
 
-BUILTIN_TOOL_NAMES = ("Read", "Write", "Edit", "Glob", "Grep")
-BuiltinToolName = Literal["Read", "Write", "Edit", "Glob", "Grep"]
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 USER_BLOCK_TYPES = {"text", "image", "document"}
 
@@ -142,11 +142,15 @@ def check_system(value: SystemPrompt | None) -> SystemPrompt | None:
 
 
 class SessionFields(StrictModel):
+    # Enum members leave as plain names: the store and messages built from them (a tool
+    # name clash) see exactly what the client sent.
+    model_config = ConfigDict(extra="forbid", use_enum_values=True)
+
     title: str | None = Field(None, max_length=500)
     model: str | None = Field(None, min_length=1, max_length=200)
     system: SystemPrompt | None = None
     tools: list[ToolDefinition] | None = None
-    builtin_tools: list[BuiltinToolName] | None = None
+    builtin_tools: list[BuiltinTool] | None = None
     max_tokens: int | None = Field(None, ge=1, le=128_000)
     thinking: ThinkingConfig | None = None
 

@@ -80,16 +80,16 @@ from app.config import Settings
 from app.context.micro import apply_micro, plan_micro
 from app.context.summary_prompt import CONTINUATION_HEADER, SUMMARY_MARKER
 from app.context.tokens import estimate_messages, estimate_system, estimate_tools, node_tokens
+from app.context.tools import BUILTIN_TOOLS, compactable_tools
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY, Block, Node
 from app.conversation import sessions, store
 from app.conversation.files import DbWorkspace
-from app.conversation.views import compactable_tools, load_view
+from app.conversation.views import load_view
 from app.db import Database, make_engine
 from app.engine import compaction
 from app.engine.llm.events import MessageDone, StreamEvent
 from app.engine.loop import TurnRunner
 from app.engine.runtime import Runtime
-from app.engine.tools.builtin import BUILTIN_TOOLS
 from app.main import create_app
 from app.migrate import upgrade
 from app.models import AgentSession, Collapse, Message, MicroWatermark, Run
@@ -626,7 +626,7 @@ async def micro_row(db: Database, session_id: uuid.UUID, name: str) -> MicroRow:
     async with db.sessionmaker() as s:
         view = await load_view(s, session, head)
     nodes = view.projected
-    compactable = compactable_tools(session)
+    compactable = compactable_tools(session.tools or [])
     return MicroRow(
         name=name,
         messages=len(nodes),

@@ -5,6 +5,7 @@ I/O. What the model is sent is decided here; the services only load rows and cal
 - tokens: estimates (`CHARS_PER_TOKEN`)
 - normalize: `normalize_for_api`, `validate_api_messages` (invariant 4)
 - cache: `add_cache_breakpoints`
+- tools: the tool registry (`BUILTIN_TOOLS`) and the tools a session offers the model
 - micro: micro-compaction watermark, plan and projection (invariant 3)
 - collapse: collapse spans, plan and projection
 - cut: compaction cut points and API rounds

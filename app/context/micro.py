@@ -25,8 +25,6 @@ from app.context.blocks import is_model_visible, tool_use_ids
 from app.context.tokens import BLOCK_OVERHEAD_TOKENS, chars_to_tokens, estimate_block
 from app.context.types import ASSISTANT, CLEARED_TOOL_RESULT, USER, Block, Node
 
-COMPACTABLE_BUILTINS = frozenset({"Read", "Glob", "Grep", "Write", "Edit"})
-
 
 @dataclass(frozen=True, slots=True)
 class MicroPlan:

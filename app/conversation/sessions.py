@@ -14,10 +14,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
 from app.context.tokens import estimate_system, estimate_tools
+from app.context.tools import tool_definitions
 from app.conversation.store import chain_rows
 from app.conversation.views import VIEW_CACHE
 from app.engine.llm.models import model_info
-from app.engine.tools.definitions import tool_definitions
 from app.errors import BadRequest, Conflict, Invalid
 from app.models import ACTIVE_RUN_STATUSES, AgentSession, Run
 from app.schemas import (
@@ -258,7 +258,9 @@ def estimate_from_rows(session: AgentSession, rows: Any) -> int:
                 return int(anchored + after * factor)
         if row.role is not None:
             after += row.token_estimate
-    definitions = estimate_system(session.system) + estimate_tools(tool_definitions(session))
+    definitions = estimate_system(session.system) + estimate_tools(
+        tool_definitions(session.builtin_tools or [], session.tools or [])
+    )
     return int((after + definitions) * factor)
 
 

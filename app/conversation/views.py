@@ -13,7 +13,8 @@ from sqlalchemy import DateTime, Integer, Text, Uuid, bindparam, literal, null, 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.collapse import apply_collapses
-from app.context.micro import COMPACTABLE_BUILTINS, apply_micro
+from app.context.micro import apply_micro
+from app.context.tools import compactable_tools
 from app.context.types import COMPACT_BOUNDARY, Node
 from app.conversation.store import chain_rows, to_node
 from app.models import AgentSession, Collapse, MicroWatermark, Snip
@@ -79,11 +80,6 @@ def _visible(row: Any) -> bool:
 
 
 VIEW_CACHE = ChainCache()
-
-
-def compactable_tools(session: AgentSession) -> frozenset[str]:
-    client = {tool["name"] for tool in session.tools or [] if tool.get("compactable")}
-    return COMPACTABLE_BUILTINS | frozenset(client)
 
 
 @dataclass
@@ -228,7 +224,7 @@ async def load_view(
         watermark=max(positions) if positions else None,
         snipped=snipped & {node.uuid for node in nodes} if snipped else set(),
         collapses=[span for _, _, span in span_indices(nodes, collapses)],
-        compactable=compactable_tools(session),
+        compactable=compactable_tools(session.tools or []),
     )
     view.reproject()
     return view

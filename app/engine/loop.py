@@ -21,6 +21,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.context.tools import READ_ONLY_TOOLS, client_tool_names
 from app.context.types import Node
 from app.conversation import store
 from app.conversation.files import DbWorkspace
@@ -43,8 +44,7 @@ from app.engine.runs import (
     answer_open_tool_uses,
     now,
 )
-from app.engine.tools.builtin import READ_ONLY_TOOLS, run_builtin, truncate_middle
-from app.engine.tools.definitions import client_tool_names
+from app.engine.tools.builtin import run_builtin, truncate_middle
 from app.errors import RunFailed, UpstreamError
 from app.models import AgentSession, Run
 
@@ -301,7 +301,7 @@ class TurnRunner:
         """Run the tools of one response; True when the run pauses for client tools."""
         session = self.session
         builtin = set(session.builtin_tools or [])
-        client = client_tool_names(session)
+        client = client_tool_names(session.tools or [])
         results: dict[str, dict[str, Any]] = {}
         to_run: list[dict[str, Any]] = []
         waiting: list[dict[str, Any]] = []

@@ -6,9 +6,9 @@ from typing import Any
 
 from app.context.cache import add_cache_breakpoints
 from app.context.normalize import normalize_for_api
+from app.context.tools import tool_definitions
 from app.context.types import Node
 from app.conversation.sessions import default_max_tokens
-from app.engine.tools.definitions import tool_definitions
 from app.models import AgentSession
 
 
@@ -36,10 +36,10 @@ def build_body(
     """Normalise the view (invariant 4) and place cache breakpoints so the prefix of a
     growing conversation is read from the prompt cache turn after turn."""
     messages = normalize_for_api(nodes)
+    if tools is None:
+        tools = tool_definitions(session.builtin_tools or [], session.tools or [])
     system_out, tools_out, messages = add_cache_breakpoints(
-        system_blocks(session.system if system is None else system),
-        tool_definitions(session) if tools is None else tools,
-        messages,
+        system_blocks(session.system if system is None else system), tools, messages
     )
     body: dict[str, Any] = {
         "model": model or session.model,

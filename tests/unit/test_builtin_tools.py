@@ -9,10 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from app.context.tools import BUILTIN_TOOLS, READ_ONLY_TOOLS
 from app.conversation.workspace import MAX_PATH_CHARS
 from app.engine.tools import (
-    BUILTIN_TOOLS,
-    READ_ONLY_TOOLS,
     MemoryWorkspace,
     PathError,
     ToolOutcome,
@@ -21,7 +20,8 @@ from app.engine.tools import (
     run_builtin,
     truncate_middle,
 )
-from app.engine.tools.builtin import TRUNCATION_MARKER, compile_glob
+from app.engine.tools.builtin import TRUNCATION_MARKER
+from app.engine.tools.globs import compile_glob
 
 
 async def run(ws: MemoryWorkspace, name: str, **tool_input: Any) -> ToolOutcome:

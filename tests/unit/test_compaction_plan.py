@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from app.context.collapse import apply_collapses, plan_collapse_spans
 from app.context.cut import split_pairs
-from app.context.micro import COMPACTABLE_BUILTINS, apply_micro, plan_micro
+from app.context.micro import apply_micro, plan_micro
 from app.context.normalize import normalize_for_api, validate_api_messages
 from app.context.tokens import estimate_messages
+from app.context.tools import COMPACTABLE_BUILTINS
 from app.context.types import COMPACT_SUMMARY, USER, Node
 from app.conversation.views import ChainView
 from app.engine.compaction import (

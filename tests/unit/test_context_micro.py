@@ -8,9 +8,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.context.blocks import is_model_visible
-from app.context.micro import COMPACTABLE_BUILTINS, MicroPlan, apply_micro, plan_micro
+from app.context.micro import MicroPlan, apply_micro, plan_micro
 from app.context.normalize import normalize_for_api, validate_api_messages
 from app.context.tokens import estimate_messages
+from app.context.tools import COMPACTABLE_BUILTINS
 from app.context.types import ASSISTANT, CLEARED_TOOL_RESULT, USER, Block, Node
 from tests.unit.strategies import agent_histories, histories, node, text, tool_result, tool_use
 

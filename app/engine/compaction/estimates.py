@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.tokens import estimate_content, estimate_system, estimate_tools
+from app.context.tools import tool_definitions
 from app.context.types import COMPACT_SUMMARY, Node
 from app.conversation import store
 from app.conversation.sessions import Limits, estimate_from_rows
 from app.conversation.views import ChainView, load_view
 from app.engine.llm.models import model_info
-from app.engine.tools.definitions import tool_definitions
 from app.models import AgentSession
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def view_estimate(session: AgentSession, nodes: list[Node]) -> int:
     the session model's tokens."""
     chars_based = (
         estimate_system(session.system)
-        + estimate_tools(tool_definitions(session))
+        + estimate_tools(tool_definitions(session.builtin_tools or [], session.tools or []))
         + sum(node.token_estimate or estimate_content(node.content) for node in nodes)
     )
     return int(chars_based * model_info(session.model).tokens_per_char_factor)
@@ -81,7 +81,9 @@ async def context_report(db: AsyncSession, session: AgentSession, rt: Runtime) -
         "percent_used": round(100 * estimated / limits.context_window, 2),
         "breakdown": {
             "system": estimate_system(session.system),
-            "tools": estimate_tools(tool_definitions(session)),
+            "tools": estimate_tools(
+                tool_definitions(session.builtin_tools or [], session.tools or [])
+            ),
             "messages": messages,
             "tool_results": tool_results,
         },

@@ -1,4 +1,4 @@
-"""Built-in workspace tools. `db_workspace` is imported on its own: the rest is pure."""
+"""Running the built-in workspace tools. Their specs are the registry in `app.context.tools`."""
 
 from app.conversation.workspace import (
     MemoryWorkspace,
@@ -7,22 +7,13 @@ from app.conversation.workspace import (
     normalize_dir,
     normalize_path,
 )
-from app.engine.tools.builtin import (
-    BUILTIN_TOOLS,
-    READ_ONLY_TOOLS,
-    ToolOutcome,
-    ToolSpec,
-    run_builtin,
-    truncate_middle,
-)
+from app.engine.tools.builtin import ToolError, ToolOutcome, run_builtin, truncate_middle
 
 __all__ = [
-    "BUILTIN_TOOLS",
-    "READ_ONLY_TOOLS",
     "MemoryWorkspace",
     "PathError",
+    "ToolError",
     "ToolOutcome",
-    "ToolSpec",
     "Workspace",
     "normalize_dir",
     "normalize_path",

@@ -1,9 +1,10 @@
 """The built-in workspace tools, Read, Write, Edit, Glob and Grep, with Claude Code's inputs.
 
-Pure: they act only through the `Workspace` protocol. `run_builtin` turns every problem
-the model can fix (bad input, a missing file, an ambiguous edit, a bad regex) into an
-error outcome worded so the model can act on it; failures of the workspace itself (a
-database error) are not the model's to fix and propagate to the caller.
+Their specs live in the registry (`app.context.tools`); here are their handlers, one per
+`BuiltinTool`. Pure: they act only through the `Workspace` protocol. `run_builtin` turns
+every problem the model can fix (bad input, a missing file, an ambiguous edit, a bad
+regex) into an error outcome worded so the model can act on it; failures of the
+workspace itself (a database error) are not the model's to fix and propagate to the caller.
 
 Text files are UTF-8. Lines are split on `\\n` only (a trailing `\\r` is hidden from
 output), so Read's line numbers and Grep's always agree.
@@ -11,37 +12,17 @@ output), so Read's line numbers and Grep's always agree.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.context.tools import BUILTIN_TOOLS, MAX_LINE_CHARS, READ_DEFAULT_LIMIT, BuiltinTool
 from app.conversation.workspace import PathError, Workspace, normalize_dir, normalize_path
+from app.engine.tools.globs import GlobError, compile_glob
+from app.engine.tools.validation import check_input
 
-READ_DEFAULT_LIMIT = 2000
-MAX_LINE_CHARS = 2000
-# `{a,b}{c,d}...` doubles per group; past this many alternatives a pattern is refused.
-MAX_GLOB_ALTERNATIVES = 256
 TRUNCATION_MARKER = "\n\n[... {} characters truncated ...]\n\n"
-
-READ_ONLY_TOOLS = frozenset({"Read", "Glob", "Grep"})
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    name: str
-    description: str
-    input_schema: dict[str, Any]  # JSON schema of the input object, as the Anthropic API takes
-    read_only: bool
-
-    def to_api(self) -> dict[str, Any]:
-        """The tool definition for a model request."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "input_schema": self.input_schema,
-        }
 
 
 @dataclass(frozen=True)
@@ -54,205 +35,8 @@ class ToolError(Exception):
     """A problem the model can fix; its message becomes an error result."""
 
 
-def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": required,
-        "additionalProperties": False,
-    }
-
-
-_FILE_PATH = {
-    "type": "string",
-    "description": "Path of the file, relative to the workspace root ('/' also means the root).",
-}
-
-BUILTIN_TOOLS: dict[str, ToolSpec] = {
-    spec.name: spec
-    for spec in (
-        ToolSpec(
-            name="Read",
-            description=(
-                "Reads a text file from the session workspace. By default it returns up to "
-                f"{READ_DEFAULT_LIMIT} lines from the start of the file; for longer files "
-                "pass offset (the 1-based line number to start at) and limit (how many "
-                "lines). Output is in `cat -n` format: each line is prefixed with its line "
-                "number and a tab. The prefix is not part of the file, so leave it out when "
-                f"you copy text into Edit. Lines longer than {MAX_LINE_CHARS} characters "
-                "are truncated. Binary files cannot be displayed."
-            ),
-            input_schema=_schema(
-                {
-                    "file_path": _FILE_PATH,
-                    "offset": {
-                        "type": "integer",
-                        "minimum": 0,
-                        "description": "1-based line number to start reading at (0 reads "
-                        "from the start too). Only needed for files too long to read at once.",
-                    },
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": f"Number of lines to read (default {READ_DEFAULT_LIMIT}).",
-                    },
-                },
-                ["file_path"],
-            ),
-            read_only=True,
-        ),
-        ToolSpec(
-            name="Write",
-            description=(
-                "Writes a file in the session workspace, creating it or replacing its whole "
-                "content. Directories are implicit: writing 'src/app/main.py' needs no "
-                "setup. To change part of an existing file, prefer Edit."
-            ),
-            input_schema=_schema(
-                {
-                    "file_path": _FILE_PATH,
-                    "content": {"type": "string", "description": "The complete new content."},
-                },
-                ["file_path", "content"],
-            ),
-            read_only=False,
-        ),
-        ToolSpec(
-            name="Edit",
-            description=(
-                "Replaces text in an existing workspace file. old_string must match the "
-                "file exactly, including whitespace and indentation (copy it from Read "
-                "output without the line-number prefix). It must occur exactly once unless "
-                "replace_all is true; if it is not unique, include more surrounding lines. "
-                "new_string must differ from old_string. The file must exist: create files "
-                "with Write."
-            ),
-            input_schema=_schema(
-                {
-                    "file_path": _FILE_PATH,
-                    "old_string": {"type": "string", "description": "The exact text to replace."},
-                    "new_string": {"type": "string", "description": "The text to put instead."},
-                    "replace_all": {
-                        "type": "boolean",
-                        "description": "Replace every occurrence of old_string (default false).",
-                    },
-                },
-                ["file_path", "old_string", "new_string"],
-            ),
-            read_only=False,
-        ),
-        ToolSpec(
-            name="Glob",
-            description=(
-                "Finds workspace files whose paths match a glob pattern, such as '**/*.py' "
-                "or 'src/*.{ts,tsx}'. '*' matches within one path segment, '**' any number "
-                "of segments (none included), '?' one character, '[abc]' one of a set, "
-                "'{a,b}' either alternative. The pattern is matched against paths relative "
-                "to `path` (a directory; default the workspace root), so '*.py' matches "
-                "only files directly in it. Returns full workspace paths, sorted, one a line."
-            ),
-            input_schema=_schema(
-                {
-                    "pattern": {"type": "string", "description": "The glob pattern."},
-                    "path": {
-                        "type": "string",
-                        "description": "Directory to search in (default the workspace root).",
-                    },
-                },
-                ["pattern"],
-            ),
-            read_only=True,
-        ),
-        ToolSpec(
-            name="Grep",
-            description=(
-                "Searches the content of workspace files with a regular expression (Python "
-                "`re` syntax), line by line. output_mode 'files_with_matches' (the default) "
-                "lists the matching files; 'content' shows matching lines as "
-                "path:line_number:line; 'count' shows path:number_of_matching_lines. Narrow "
-                "the search with path (a file or directory) and glob (e.g. '*.py'; a glob "
-                "without '/' matches file names at any depth). Set -i for a case-insensitive "
-                "search. Binary files are skipped."
-            ),
-            input_schema=_schema(
-                {
-                    "pattern": {"type": "string", "description": "The regular expression."},
-                    "path": {
-                        "type": "string",
-                        "description": "File or directory to search (default the workspace root).",
-                    },
-                    "glob": {
-                        "type": "string",
-                        "description": "Only search files matching this glob, e.g. '*.{ts,tsx}'.",
-                    },
-                    "output_mode": {
-                        "type": "string",
-                        "enum": ["content", "files_with_matches", "count"],
-                        "description": "What to show (default 'files_with_matches').",
-                    },
-                    "-i": {"type": "boolean", "description": "Ignore case (default false)."},
-                },
-                ["pattern"],
-            ),
-            read_only=True,
-        ),
-    )
-}
-
-
 # ---------------------------------------------------------------------------------------
-# Input validation: the few JSON-schema keywords the schemas above use.
-
-_JSON_TYPES: dict[str, type] = {"string": str, "integer": int, "boolean": bool}
-
-
-def _json_type_name(value: object) -> str:
-    if value is None:
-        return "null"
-    for name, kind in (("boolean", bool), ("integer", int), ("number", float), ("string", str)):
-        if isinstance(value, kind):
-            return name
-    return "array" if isinstance(value, list) else "object"
-
-
-def _article(noun: str) -> str:
-    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
-
-
-def _value_problem(name: str, value: object, schema: dict[str, Any]) -> str | None:
-    kind = schema["type"]
-    # bool is an int in Python, but `true` is no valid offset.
-    if not isinstance(value, _JSON_TYPES[kind]) or (kind == "integer" and isinstance(value, bool)):
-        return f"'{name}' must be {_article(kind)}, not {_article(_json_type_name(value))}"
-    if "enum" in schema and value not in schema["enum"]:
-        choices = ", ".join(repr(choice) for choice in schema["enum"])
-        return f"'{name}' must be one of {choices}, not {value!r}"
-    if "minimum" in schema and isinstance(value, int) and value < schema["minimum"]:
-        return f"'{name}' must be at least {schema['minimum']}, not {value}"
-    return None
-
-
-def _validate(spec: ToolSpec, tool_input: object) -> tuple[dict[str, Any], str | None]:
-    """The input without null members (models send `null` for "not given"), or a problem."""
-    if not isinstance(tool_input, dict):
-        return {}, f"the input must be a JSON object, not {_article(_json_type_name(tool_input))}"
-    properties: dict[str, Any] = spec.input_schema["properties"]
-    args = {key: value for key, value in tool_input.items() if value is not None}
-    unknown = sorted(str(key) for key in args if key not in properties)
-    if unknown:
-        return {}, f"unknown parameter(s) {unknown}; {spec.name} takes {sorted(properties)}"
-    for name in spec.input_schema["required"]:
-        if name not in args:
-            return {}, f"the required parameter '{name}' is missing"
-    for name, value in args.items():
-        problem = _value_problem(name, value, properties[name])
-        if problem:
-            return {}, problem
-    return args, None
-
-
-# ---------------------------------------------------------------------------------------
-# Text helpers.
+# Helpers.
 
 
 def _decode(data: bytes) -> str | None:
@@ -302,92 +86,6 @@ async def _read_text(workspace: Workspace, path: str, action: str) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------------------
-# Globs, translated to regular expressions (fnmatch knows no `**` and lets `*` cross `/`).
-
-
-def _expand_braces(pattern: str) -> list[str]:
-    """`a{b,c}d` -> `abd`, `acd`; nested groups expand too; an unclosed `{` is literal."""
-    depth, start = 0, 0
-    commas: list[int] = []
-    for i, char in enumerate(pattern):
-        if char == "{":
-            if depth == 0:
-                start, commas = i, []
-            depth += 1
-        elif char == "," and depth == 1:
-            commas.append(i)
-        elif char == "}" and depth:
-            depth -= 1
-            if depth == 0:
-                bounds = [start, *commas, i]
-                head, tail = pattern[:start], pattern[i + 1 :]
-                expanded: list[str] = []
-                for lo, hi in itertools.pairwise(bounds):
-                    expanded += _expand_braces(head + pattern[lo + 1 : hi] + tail)
-                    if len(expanded) > MAX_GLOB_ALTERNATIVES:
-                        raise ToolError(f"glob {pattern!r} has too many {{...}} alternatives")
-                return expanded
-    return [pattern]
-
-
-def _class_regex(segment: str, i: int) -> tuple[str, int] | None:
-    """The `[...]` class starting at `segment[i]` and the index of its `]`, if closed."""
-    j = i + 1
-    negate = j < len(segment) and segment[j] in "!^"
-    j += negate
-    end = segment.find("]", j + 1 if j < len(segment) and segment[j] == "]" else j)
-    if end < 0:
-        return None
-    body = "".join(c if c == "-" else re.escape(c) for c in segment[j:end])
-    return f"[{'^/' if negate else ''}{body}]", end
-
-
-def _segment_regex(segment: str) -> str:
-    parts: list[str] = []
-    i = 0
-    while i < len(segment):
-        char = segment[i]
-        if char == "*":
-            while i + 1 < len(segment) and segment[i + 1] == "*":
-                i += 1
-            parts.append("[^/]*")
-        elif char == "?":
-            parts.append("[^/]")
-        elif char == "[" and (found := _class_regex(segment, i)):
-            parts.append(found[0])
-            i = found[1]
-        else:
-            parts.append(re.escape(char))
-        i += 1
-    return "".join(parts)
-
-
-def _glob_regex(pattern: str) -> str:
-    segments = [s for s in pattern.split("/") if s not in ("", ".")]
-    if ".." in segments:
-        raise ToolError(f"glob {pattern!r} contains '..'; choose the directory with path instead")
-    if not segments:
-        raise ToolError(f"glob {pattern!r} matches no file name")
-    parts: list[str] = []
-    for i, segment in enumerate(segments):
-        last = i == len(segments) - 1
-        if segment == "**":
-            parts.append(".*" if last else "(?:[^/]+/)*")
-        else:
-            parts.append(_segment_regex(segment) + ("" if last else "/"))
-    return "".join(parts)
-
-
-def compile_glob(pattern: str) -> re.Pattern[str]:
-    """A regex that `fullmatch`es the relative paths the glob names; raises ToolError."""
-    alternatives = "|".join(f"(?:{_glob_regex(p)})" for p in _expand_braces(pattern))
-    try:
-        return re.compile(alternatives)
-    except re.error as exc:
-        raise ToolError(f"invalid glob {pattern!r}: {exc}") from None
-
-
 def _under(paths: list[str], directory: str) -> list[tuple[str, str]]:
     """(path, path relative to directory) for files under it; raises if there are none."""
     if not directory:
@@ -402,7 +100,8 @@ def _under(paths: list[str], directory: str) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------------------
-# The tools. Each takes validated input and returns its text, or raises ToolError.
+# The tools. Each takes validated input and returns its text, or raises ToolError
+# (GlobError for an unusable glob).
 
 
 async def _read(args: dict[str, Any], workspace: Workspace) -> str:
@@ -539,13 +238,15 @@ async def _grep(args: dict[str, Any], workspace: Workspace) -> str:
 
 
 _Handler = Callable[[dict[str, Any], Workspace], Awaitable[str]]
-_HANDLERS: dict[str, _Handler] = {
-    "Read": _read,
-    "Write": _write,
-    "Edit": _edit,
-    "Glob": _glob,
-    "Grep": _grep,
+HANDLERS: dict[str, _Handler] = {
+    BuiltinTool.Read: _read,
+    BuiltinTool.Write: _write,
+    BuiltinTool.Edit: _edit,
+    BuiltinTool.Glob: _glob,
+    BuiltinTool.Grep: _grep,
 }
+if set(HANDLERS) != set(BUILTIN_TOOLS):
+    raise RuntimeError("every registered built-in tool needs a handler, and only those")
 
 
 async def run_builtin(name: str, tool_input: dict[str, Any], workspace: Workspace) -> ToolOutcome:
@@ -555,12 +256,12 @@ async def run_builtin(name: str, tool_input: dict[str, Any], workspace: Workspac
     if spec is None:
         available = ", ".join(sorted(BUILTIN_TOOLS))
         return ToolOutcome(f"Unknown built-in tool {name!r}; available: {available}", True)
-    args, problem = _validate(spec, tool_input)
+    args, problem = check_input(spec, tool_input)
     if problem:
         return ToolOutcome(f"Invalid input for {name}: {problem}", is_error=True)
     try:
-        return ToolOutcome(await _HANDLERS[name](args, workspace))
-    except (ToolError, PathError) as exc:
+        return ToolOutcome(await HANDLERS[name](args, workspace))
+    except (ToolError, GlobError, PathError) as exc:
         return ToolOutcome(str(exc), is_error=True)
 
 
