@@ -1,6 +1,7 @@
 # Everything runs inside .venv, created from the lock file on first use.
 # `make run` serves on 127.0.0.1:8000 (embedded SQLite, offline model, no key needed);
-# `make test` runs the whole test suite against the Postgres at DATABASE_URL.
+# `make test` runs the whole test suite against the Postgres at DATABASE_URL;
+# `make check` runs lint (ruff, import contracts), types (mypy) and the tests.
 
 PYTHON ?= python3
 UV_VERSION := 0.13.9
@@ -31,6 +32,7 @@ check: lint types test
 lint: $(STAMP)
 	$(UV) run --frozen ruff check .
 	$(UV) run --frozen ruff format --check .
+	$(UV) run --frozen lint-imports
 
 types: $(STAMP)
 	$(UV) run --frozen mypy

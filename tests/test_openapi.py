@@ -56,3 +56,14 @@ def test_contract_routes_are_documented() -> None:
     }
     documented = {(method, path) for path, ops in paths.items() for method in ops}
     assert expected <= documented, sorted(expected - documented)
+
+
+def test_every_operation_documents_itself() -> None:
+    paths = json.loads(SPEC.read_text())["paths"]
+    undocumented = sorted(
+        f"{method.upper()} {path}"
+        for path, ops in paths.items()
+        for method, op in ops.items()
+        if not str(op.get("summary", "")).strip() or not str(op.get("description", "")).strip()
+    )
+    assert undocumented == [], "operations without a summary= or a docstring"

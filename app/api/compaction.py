@@ -21,15 +21,18 @@ from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, Sn
 router = APIRouter(prefix="/sessions/{session_id}", tags=["compaction"])
 
 
-@router.get("/context")
+@router.get("/context", summary="Get context usage")
 async def get_context(session: SessionDep, db: DbDep, runtime: RuntimeDep) -> ContextOut:
-    """How full the context is, and what fills it."""
+    """How full the session's context is (estimated tokens against the window, the warning
+    and auto-compaction thresholds) and what fills it (system, tools, messages, tool
+    results), with the last compaction."""
     return ContextOut.model_validate(await compaction.context_report(db, session, runtime))
 
 
-@router.get("/context/request")
+@router.get("/context/request", summary="Preview the next model request")
 async def get_next_request(session: SessionDep, db: DbDep) -> dict[str, Any]:
-    """The exact JSON body of the next model request, built but not sent."""
+    """The exact JSON body of the next model request (system, tools, the compacted and
+    normalized messages, cache breakpoints), built but not sent."""
     view = await load_view(db, session)
     return build_body(session, view.projected)
 
@@ -43,11 +46,16 @@ async def get_next_request(session: SessionDep, db: DbDep) -> dict[str, Any]:
         422: {"description": "Nothing can be compacted safely"},
         502: {"description": "The summary request failed; nothing changed"},
     },
+    summary="Compact the context",
 )
 async def compact_now(
     session: SessionDep, db: DbDep, runtime: RuntimeDep, body: CompactIn | None = None
 ) -> Response:
-    """Manual compaction: a run of kind `compact` that holds the session."""
+    """Summarise the conversation now: a run of kind `compact` that holds the session and
+    leaves a compact boundary and a summary. Answers 200 with the result once done, or
+    202 with the run when `background: true`; 409 while another run is active, 422 when
+    nothing can be compacted safely, 502 when the summary request failed (nothing
+    changed)."""
     body = body or CompactIn()
     await compaction.precheck(db, session, runtime)
     run = await runtime.runs.submit_turn(
@@ -80,7 +88,10 @@ async def compact_now(
     return JSONResponse(result.model_dump(mode="json"))
 
 
-@router.post("/snip")
+@router.post("/snip", summary="Snip messages")
 async def snip_messages(body: SnipIn, session: SessionDep, db: DbDep) -> SnipOut:
-    """Leave messages out of every later model request (they stay in history)."""
+    """Leave messages out of every later model request; they stay in the history. 422 for
+    compaction rows and messages outside the model's current view; 409 when snipping
+    would split a tool call from its result or leave the view without a first user
+    message."""
     return SnipOut(snipped=await snips.snip(db, session, body.uuids))

@@ -30,13 +30,15 @@ def file_out(row: File) -> FileOut:
     return FileOut(path=row.path, size=row.size, sha256=row.sha256, updated_at=row.updated_at)
 
 
-@router.get("")
+@router.get("", summary="List workspace files")
 async def list_files(
     session: SessionDep,
     db: DbDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     after: str | None = None,
 ) -> Page[FileOut]:
+    """The session's workspace files (path, size, SHA-256, last change), ordered by path, a
+    page at a time (`after`: the last path seen)."""
     query = select(File).where(File.session_id == session.id)
     if after:
         query = query.where(File.path > after)
@@ -54,9 +56,12 @@ async def list_files(
     openapi_extra={
         "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}
     },
+    summary="Write a file",
 )
 async def put_file(path: str, request: Request, session: SessionDep, db: DbDep) -> Response:
-    """Create or replace a file with the raw request body."""
+    """Create or replace a workspace file with the raw request body. Answers 201 when
+    created, 200 when replaced; 422 for a path that is invalid or leaves the workspace,
+    413 over the file size limit."""
     clean = workspace_path(path)
     data = await request.body()
     row, created = await DbWorkspace(db, session.id).put(clean, data)
@@ -71,8 +76,11 @@ async def put_file(path: str, request: Request, session: SessionDep, db: DbDep) 
     "/{path:path}",
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}}},
+    summary="Read a file",
 )
 async def get_file(path: str, session: SessionDep, db: DbDep) -> Response:
+    """The file's bytes (application/octet-stream), with its SHA-256 as the ETag. 404 when
+    there is no such file."""
     row = await db.get(File, (session.id, workspace_path(path)))
     if row is None:
         raise NotFound(f"File {path} not found")
@@ -83,8 +91,9 @@ async def get_file(path: str, session: SessionDep, db: DbDep) -> Response:
     )
 
 
-@router.delete("/{path:path}", status_code=204)
+@router.delete("/{path:path}", status_code=204, summary="Delete a file")
 async def delete_file(path: str, session: SessionDep, db: DbDep) -> Response:
+    """Remove a workspace file. Answers 204; 404 when there is no such file."""
     clean = workspace_path(path)
     result = await db.execute(delete(File).where(File.session_id == session.id, File.path == clean))
     if result.rowcount == 0:  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ async def _check_on_session(db: DbDep, session_id: uuid.UUID, message_uuid: uuid
         raise NotFound(f"Message {message_uuid} not found in this session")
 
 
-@router.get("/messages")
+@router.get("/messages", summary="List the messages of a chain")
 async def list_messages(
     session: SessionDep,
     db: DbDep,
@@ -53,6 +53,11 @@ async def list_messages(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     head: uuid.UUID | None = None,
 ) -> Page[MessageOut]:
+    """The chain from the head (or from `head`) back to the root, oldest first
+    (`order=desc`: newest first). `view=full` shows every stored row, across compact
+    boundaries; `view=api` shows what the model gets: from the last boundary on, snips
+    left out, micro-compaction and collapses applied. Pages by `after`, the uuid of the
+    last message seen (422 when it is not on the chain)."""
     if head is not None:
         await _check_on_session(db, session.id, head)
     head = head or session.head_uuid
@@ -99,21 +104,26 @@ def _synthetic(node: Any, chain: Any) -> MessageOut:
     )
 
 
-@router.get("/messages/{message_uuid}")
+@router.get("/messages/{message_uuid}", summary="Get a message")
 async def get_message(session: SessionDep, db: DbDep, message_uuid: uuid.UUID) -> MessageOut:
+    """One message of the session by uuid, on any branch. 404 when the session has no such
+    message."""
     row = await store.get_message(db, session.id, message_uuid)
     if row is None:
         raise NotFound(f"Message {message_uuid} not found in this session")
     return message_out(row)
 
 
-@router.get("/tree")
+@router.get("/tree", summary="List the message tree")
 async def get_tree(
     session: SessionDep,
     db: DbDep,
     after: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> Page[TreeNode]:
+    """Every message of the session, on all branches, in the order they were stored, as
+    tree nodes (uuid, parents, role, a short preview) for drawing the tree. Pages by
+    `after`, the `next_cursor` of the previous page."""
     after_seq = 0
     if after is not None:
         if not after.isdigit():
@@ -138,10 +148,13 @@ async def get_tree(
     return Page[TreeNode](data=data, next_cursor=str(rows[-1].seq) if more and rows else None)
 
 
-@router.put("/head")
+@router.put("/head", summary="Move the head")
 async def put_head(
     body: HeadIn, session: SessionDep, db: DbDep, settings: SettingsDep
 ) -> SessionOut:
+    """Make message `uuid` the session's head: the next turn continues from it (to switch
+    branches or rewind; nothing is deleted). 404 for a message not in the session; 409
+    while a run is active."""
     await _check_on_session(db, session.id, body.uuid)
     await sessions.require_idle(db, session)
     await store.set_head(db, session.id, body.uuid)
@@ -149,10 +162,13 @@ async def put_head(
     return await sessions.to_out(db, session, settings)
 
 
-@router.post("/fork", status_code=201)
+@router.post("/fork", status_code=201, summary="Fork a session")
 async def fork_session(
     body: ForkIn, session: SessionDep, db: DbDep, tenant: TenantDep, settings: SettingsDep
 ) -> SessionOut:
+    """A new session holding its own copy of the chain up to `at_uuid` (default: the head),
+    with the snips, compaction state and workspace files that go with it; each copied
+    message names its original in `copied_from`. Answers 201 with the new session."""
     at = body.at_uuid or session.head_uuid
     if body.at_uuid is not None:
         await _check_on_session(db, session.id, body.at_uuid)
@@ -160,8 +176,10 @@ async def fork_session(
     return await sessions.to_out(db, target, settings, status="idle")
 
 
-@router.post("/clear")
+@router.post("/clear", summary="Clear the conversation")
 async def clear_session(session: SessionDep, db: DbDep, settings: SettingsDep) -> SessionOut:
+    """Unset the head: the next turn starts a new root, and earlier messages stay in the
+    tree. 409 while a run is active."""
     await sessions.require_idle(db, session)
     await store.set_head(db, session.id, None)
     await db.refresh(session)

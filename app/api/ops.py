@@ -17,16 +17,21 @@ router = APIRouter(tags=["operations"])
 log = logging.getLogger("parley.ops")
 
 
-@router.get("/healthz")
+@router.get("/healthz", summary="Check liveness")
 async def healthz() -> Health:
+    """200 while the process serves requests; the database is not consulted. No key
+    needed."""
     return Health(status="ok")
 
 
 @router.get(
     "/readyz",
     responses={503: {"description": "Database unreachable or not migrated to head"}},
+    summary="Check readiness",
 )
 async def readyz(runtime: RuntimeDep) -> Response:
+    """200 when the database answers and is migrated to the revision this build expects;
+    503 (problem+json) otherwise. No key needed."""
     try:
         revision = await current_revision(runtime.db.engine)
     except Exception as exc:  # any driver error means "not ready", never a 500
@@ -45,6 +50,7 @@ def _unready(detail: str) -> Response:
     return JSONResponse(body, status_code=503, media_type=PROBLEM_JSON)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, summary="Get metrics")
 async def prometheus_metrics() -> Response:
+    """The process's metrics in the Prometheus text format. No key needed."""
     return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

@@ -88,6 +88,10 @@ $("compact").onclick = async () => {
 """
 
 
-@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+@router.get(
+    "/", response_class=HTMLResponse, include_in_schema=False, summary="Open the playground"
+)
 async def playground() -> HTMLResponse:
+    """A small HTML page for trying the API from a browser (not part of the OpenAPI
+    document)."""
     return HTMLResponse(PAGE)

@@ -29,7 +29,7 @@ TURN_RESPONSES = {
 }
 
 
-@router.post("/messages", responses=TURN_RESPONSES, response_model=None)
+@router.post("/messages", responses=TURN_RESPONSES, response_model=None, summary="Post a turn")
 async def post_turn(
     body: TurnIn,
     request: Request,
@@ -38,7 +38,12 @@ async def post_turn(
     runtime: RuntimeDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    """Post a user turn and run the agent loop."""
+    """Store a user message after the head (or after `parent_uuid`) and run the agent loop
+    on it. Delivery: an SSE stream (`stream: true` or `Accept: text/event-stream`), 202
+    with the run (`background: true`), or by default 200 with the run and its messages
+    once it settles. While a run is active, `if_busy` rejects (409), enqueues or
+    interrupts; a repeated `Idempotency-Key` answers with the same run (422 if the body
+    differs)."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
     run = await runtime.runs.find_idempotent(db, session.id, idempotency_key, digest)
@@ -58,7 +63,12 @@ async def post_turn(
     return await deliver(runtime, run, mode)
 
 
-@router.post("/messages/{message_uuid}/regenerate", responses=TURN_RESPONSES, response_model=None)
+@router.post(
+    "/messages/{message_uuid}/regenerate",
+    responses=TURN_RESPONSES,
+    response_model=None,
+    summary="Regenerate a reply",
+)
 async def regenerate(
     message_uuid: uuid.UUID,
     body: DeliveryMode,
@@ -67,7 +77,10 @@ async def regenerate(
     db: DbDep,
     runtime: RuntimeDep,
 ) -> Response:
-    """A new assistant reply as a sibling of assistant message `message_uuid`."""
+    """A new assistant reply to the parent of assistant message `message_uuid`, as its
+    sibling (the old reply stays in the tree) and the new head; delivered like a posted
+    turn. 422 for a message that is not an assistant reply with a parent; 409 while a run
+    is active."""
     row = await store.get_message(db, session.id, message_uuid)
     if row is None:
         raise NotFound(f"Message {message_uuid} not found in this session")
@@ -89,14 +102,15 @@ async def regenerate(
     return await deliver(runtime, run, mode)
 
 
-@router.get("/runs")
+@router.get("/runs", summary="List runs")
 async def list_runs(
     session: SessionDep,
     db: DbDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     after: uuid.UUID | None = None,
 ) -> Page[RunOut]:
-    """Runs of the session, newest first."""
+    """The session's runs, newest first, a page at a time (`after`: the id of the last run
+    seen; 422 for an id that is not one of the session's runs)."""
     query = select(Run).where(Run.session_id == session.id)
     if after is not None:
         anchor = await db.get(Run, after)
@@ -118,8 +132,10 @@ async def list_runs(
     )
 
 
-@router.get("/runs/{run_id}")
+@router.get("/runs/{run_id}", summary="Get a run")
 async def get_run(run_id: uuid.UUID, session: SessionDep, db: DbDep) -> RunOut:
+    """One run: its kind, status, usage and error, and in `requires_action` the client tool
+    calls it waits for. 404 when the session has no such run."""
     return run_out(await load_run(db, session.id, run_id))
 
 
@@ -127,6 +143,7 @@ async def get_run(run_id: uuid.UUID, session: SessionDep, db: DbDep) -> RunOut:
     "/runs/{run_id}/events",
     response_class=Response,
     responses={200: SSE_RESPONSES[200]},
+    summary="Stream a run's events",
 )
 async def run_events(
     run_id: uuid.UUID,
@@ -136,7 +153,9 @@ async def run_events(
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     after: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
-    """The run's events: every one after `Last-Event-ID` (or `after`), then live."""
+    """The run's events as Server-Sent Events: the stored ones after `Last-Event-ID` (or the
+    `after` query parameter), byte for byte as first sent, then live ones until the run
+    settles. Event ids are gap-free per run, so a client that reconnects misses nothing."""
     await load_run(db, session.id, run_id)
     start = after or 0
     if last_event_id is not None:
@@ -146,18 +165,24 @@ async def run_events(
     return sse_stream(runtime, run_id, start)
 
 
-@router.post("/runs/{run_id}/cancel")
+@router.post("/runs/{run_id}/cancel", summary="Cancel a run")
 async def cancel_run(
     run_id: uuid.UUID, session: SessionDep, db: DbDep, runtime: RuntimeDep
 ) -> RunOut:
-    """Stop the run; what it produced is kept and the history stays valid."""
+    """Stop the run; what it produced is kept and the history stays valid (open tool calls
+    are answered as cancelled). Idempotent: a finished run is returned unchanged."""
     run = await load_run(db, session.id, run_id)
     run = await runtime.runs.cancel(db, session, run)
     await db.commit()
     return run_out(run)
 
 
-@router.post("/runs/{run_id}/tool_results", responses=TURN_RESPONSES, response_model=None)
+@router.post(
+    "/runs/{run_id}/tool_results",
+    responses=TURN_RESPONSES,
+    response_model=None,
+    summary="Submit client tool results",
+)
 async def submit_tool_results(
     run_id: uuid.UUID,
     body: ToolResultsIn,
@@ -166,7 +191,9 @@ async def submit_tool_results(
     db: DbDep,
     runtime: RuntimeDep,
 ) -> Response:
-    """Answer the client tools of a run in `requires_action` and resume it."""
+    """Answer the client tool calls of a run in `requires_action` (exactly the pending ones)
+    and resume it; delivered like a posted turn. 409 when the run is not waiting for tool
+    results; 422 when the results do not match the pending calls."""
     run = await load_run(db, session.id, run_id)
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     after_seq = run.last_event_seq

@@ -32,10 +32,11 @@ _JSONL_BODY: dict[str, Any] = {
     "/sessions/{session_id}/transcript",
     response_class=StreamingResponse,
     responses={200: {"content": {NDJSON: {"schema": {"type": "string"}}}}},
+    summary="Export a transcript",
 )
 async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse:
-    """The session's full chain (across compact boundaries), oldest first, one JSON
-    object a line in the shape of Claude Code's session files."""
+    """The session's full chain (across compact boundaries), oldest first, one JSON object a
+    line in the shape of Claude Code's session files, as a `.jsonl` attachment."""
     # Rows are loaded here, while the request's database session is open; only the
     # rendering is streamed.
     rows = await transcripts.export_rows(db, session)
@@ -46,7 +47,9 @@ async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse
     )
 
 
-@router.post("/sessions/import", status_code=201, openapi_extra=_JSONL_BODY)
+@router.post(
+    "/sessions/import", status_code=201, openapi_extra=_JSONL_BODY, summary="Import a transcript"
+)
 async def import_transcript(
     request: Request,
     db: DbDep,
@@ -55,9 +58,9 @@ async def import_transcript(
     title: Annotated[str | None, Query(max_length=500)] = None,
     model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> SessionOut:
-    """A new session holding the transcript's messages (fresh uuids, the originals kept
-    as `metadata.source_uuid`), ready to be continued. A malformed line answers 422
-    naming its line number, and nothing is stored."""
+    """A new session holding the transcript's messages (fresh uuids, the originals kept as
+    `metadata.source_uuid`), ready to be continued. Answers 201 with the session; a
+    malformed line answers 422 naming its line number, and nothing is stored."""
     transcript = await transcripts.read_transcript(request.stream())
     drafts, head = transcripts.build_tree(transcript)
     body = SessionCreate(
