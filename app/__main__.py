@@ -7,18 +7,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
-import secrets
 import sys
-from datetime import UTC, datetime
+import uuid
 from pathlib import Path
 
-from sqlalchemy import update
-
+from app import auth
 from app.config import Settings
 from app.db import Database, make_engine
-from app.models import ApiKey
 
 
 async def _migrate(settings: Settings) -> None:
@@ -65,28 +61,19 @@ def openapi(args: argparse.Namespace) -> None:
 
 
 async def _create_key(tenant: str, name: str | None) -> str:
-    key = "pk_" + secrets.token_urlsafe(32)
     db = Database(make_engine(Settings()))
     async with db.transaction() as session:
-        session.add(
-            ApiKey(tenant=tenant, name=name, key_sha256=hashlib.sha256(key.encode()).hexdigest())
-        )
+        key = auth.create_key(session, tenant, name)
     await db.dispose()
     return key
 
 
-async def _revoke_key(key_id: str) -> int:
-    import uuid
-
+async def _revoke_key(key_id: str) -> bool:
     db = Database(make_engine(Settings()))
     async with db.transaction() as session:
-        result = await session.execute(
-            update(ApiKey)
-            .where(ApiKey.id == uuid.UUID(key_id), ApiKey.revoked_at.is_(None))
-            .values(revoked_at=datetime.now(UTC))
-        )
+        revoked = await auth.revoke_key(session, uuid.UUID(key_id))
     await db.dispose()
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return revoked
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,8 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "create-key":
         print(asyncio.run(_create_key(args.tenant, args.name)))
     elif command == "revoke-key":
-        count = asyncio.run(_revoke_key(args.key_id))
-        print("revoked" if count else "no such active key")
+        revoked = asyncio.run(_revoke_key(args.key_id))
+        print("revoked" if revoked else "no such active key")
 
 
 if __name__ == "__main__":

@@ -1,16 +1,19 @@
 """Database plumbing: the declarative Base, the engine and the session factory.
 
 Services flush and never commit; the request dependency (`api.deps.get_db`) commits
-once per request, and background work (runs) opens its own short transactions.
+once per request, and background work (runs) opens its own short transactions. Work that
+must wait for a commit (starting a claimed run) is registered with `after_commit`.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy import JSON, MetaData, event
+from pydantic import BaseModel
+from sqlalchemy import JSON, Dialect, MetaData, String, TypeDecorator, event
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -33,6 +36,70 @@ NAMING_CONVENTION = {
 
 # JSONB on Postgres (indexable, compact), plain JSON text on SQLite.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E", bound=StrEnum)
+
+
+class PydanticJSON(TypeDecorator[M], Generic[M]):
+    """A JSON column read and written as a Pydantic model (the stored JSON is unchanged)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def __init__(self, model: type[M]) -> None:
+        super().__init__()
+        self.model = model
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else JSON())
+
+    def process_bind_param(self, value: M | dict[str, Any] | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        model = value if isinstance(value, BaseModel) else self.model.model_validate(value)
+        return model.model_dump(mode="json", exclude_defaults=True)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> M | None:
+        return None if value is None else self.model.model_validate(value)
+
+
+class StrEnumType(TypeDecorator[E], Generic[E]):
+    """A short string column read as a StrEnum."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, enum: type[E], length: int) -> None:
+        super().__init__(length)
+        self.enum = enum
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum(value)
+
+
+AFTER_COMMIT = "after_commit"
+
+
+def after_commit(db: AsyncSession, callback: Callable[[], None]) -> None:
+    """Call `callback` once this unit of work has committed (to start a run it claimed:
+    nothing outside the transaction may act on rows that might still roll back)."""
+    db.info.setdefault(AFTER_COMMIT, []).append(callback)
+
+
+async def commit(db: AsyncSession) -> None:
+    """Commit, then run what waited for the commit."""
+    await db.commit()
+    for callback in db.info.pop(AFTER_COMMIT, []):
+        callback()
+
+
+async def rollback(db: AsyncSession) -> None:
+    db.info.pop(AFTER_COMMIT, None)
+    await db.rollback()
 
 
 class Base(DeclarativeBase):
@@ -92,9 +159,9 @@ class Database:
         async with self.sessionmaker() as db:
             try:
                 yield db
-                await db.commit()
+                await commit(db)
             except BaseException:
-                await db.rollback()
+                await rollback(db)
                 raise
 
     async def dispose(self) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextvars import ContextVar
+
+# The id of the request being served (set by the API's middleware), shown on each line.
+request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 
 class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        from app.api.middleware import request_id_var
-
         record.request_id = request_id_var.get() or "-"
         return True
 

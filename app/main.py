@@ -14,9 +14,9 @@ from starlette.types import Scope
 from app import __version__
 from app.api import compaction, files, messages, ops, playground, runs, sessions, transcripts
 from app.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, route_template
+from app.api.problems import install_handlers
 from app.config import Settings
 from app.engine.runtime import Runtime
-from app.errors import install_handlers
 from app.logs import configure_logging
 
 log = logging.getLogger("parley")

@@ -28,15 +28,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.db import Base, JSONType
+from app.db import Base, JSONType, PydanticJSON, StrEnumType
+from app.domain import RunKind, RunParams, RunState, RunStatus
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-ACTIVE_RUN_STATUSES = ("running", "requires_action")
-FINAL_RUN_STATUSES = ("completed", "failed", "cancelled")
+# The partial index's predicate: the active statuses (`RunStatus.is_active`).
 ACTIVE_STATUS_SQL = "status IN ('running', 'requires_action')"
 
 
@@ -104,16 +104,16 @@ class Run(Base):
 
     id: Mapped[UUID] = mapped_column(Uuid, primary_key=True, default=uuid4)
     session_id: Mapped[UUID] = mapped_column(ForeignKey("agent_sessions.id", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(16), default="turn")
-    status: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[RunKind] = mapped_column(StrEnumType(RunKind, 16), default=RunKind.TURN)
+    status: Mapped[RunStatus] = mapped_column(StrEnumType(RunStatus, 32))
     user_message_uuid: Mapped[UUID | None] = mapped_column(Uuid)
     required_action: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     usage: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     error: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     # What the client asked for (kept until the run starts, so a queued turn is never lost).
-    params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    params: Mapped[RunParams] = mapped_column(PydanticJSON(RunParams), default=RunParams)
     # Loop state that must survive a pause (tool results computed before requires_action).
-    state: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    state: Mapped[RunState] = mapped_column(PydanticJSON(RunState), default=RunState)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
     last_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -10,6 +10,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from app.context.tools import BuiltinTool
+from app.domain import IfBusy, RunKind, RunStatus
 
 T = TypeVar("T")
 
@@ -262,8 +263,6 @@ class SnipOut(BaseModel):
 
 # --- runs ------------------------------------------------------------------------------
 
-IfBusy = Literal["reject", "enqueue", "interrupt"]
-
 
 class DeliveryMode(StrictModel):
     stream: bool = False
@@ -279,7 +278,7 @@ class DeliveryMode(StrictModel):
 class TurnIn(DeliveryMode):
     content: UserContent
     parent_uuid: UUID | None = None
-    if_busy: IfBusy = "reject"
+    if_busy: IfBusy = IfBusy.REJECT
 
     @field_validator("content")
     @classmethod
@@ -322,8 +321,8 @@ class RequiredAction(BaseModel):
 class RunOut(BaseModel):
     id: UUID
     session_id: UUID
-    kind: Literal["turn", "compact"]
-    status: Literal["queued", "running", "requires_action", "completed", "failed", "cancelled"]
+    kind: RunKind
+    status: RunStatus
     user_message_uuid: UUID | None
     required_action: RequiredAction | None
     usage: Usage

@@ -26,7 +26,6 @@ def lint_imports_executable() -> str:
     return found
 
 
-@pytest.mark.xfail(strict=False, reason="layout being finished (issue 7)")
 def test_import_contracts_are_kept() -> None:
     result = subprocess.run(
         [lint_imports_executable(), "--no-cache", "--no-logo", str(ROOT / "pyproject.toml")],

@@ -7,14 +7,15 @@ from typing import Any
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from app.api.deps import DbDep, RuntimeDep, SessionDep
-from app.api.streaming import deliver
+from app.api.delivery import SettledResponse, deliver
+from app.api.deps import DbDep, RuntimeDep, SessionDep, SettingsDep, ViewsDep
+from app.api.problems import PROBLEM_JSON, domain_problem
 from app.conversation import snips
+from app.conversation.context_report import check_compactable, context_report, next_request
 from app.conversation.payloads import run_out
-from app.conversation.views import load_view
-from app.engine import compaction
-from app.engine.requests import build_body
-from app.errors import Invalid, NotFound, UpstreamError
+from app.conversation.records import MessageRecord
+from app.domain import RunStatus
+from app.errors import Invalid, UpstreamFailed
 from app.models import Run
 from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, SnipOut
 
@@ -22,19 +23,22 @@ router = APIRouter(prefix="/sessions/{session_id}", tags=["compaction"])
 
 
 @router.get("/context", summary="Get context usage")
-async def get_context(session: SessionDep, db: DbDep, runtime: RuntimeDep) -> ContextOut:
+async def get_context(
+    session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
+) -> ContextOut:
     """How full the session's context is (estimated tokens against the window, the warning
     and auto-compaction thresholds) and what fills it (system, tools, messages, tool
     results), with the last compaction."""
-    return ContextOut.model_validate(await compaction.context_report(db, session, runtime))
+    return await context_report(db, session, settings, views)
 
 
 @router.get("/context/request", summary="Preview the next model request")
-async def get_next_request(session: SessionDep, db: DbDep) -> dict[str, Any]:
+async def get_next_request(
+    session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
+) -> dict[str, Any]:
     """The exact JSON body of the next model request (system, tools, the compacted and
     normalized messages, cache breakpoints), built but not sent."""
-    view = await load_view(db, session)
-    return build_body(session, view.projected)
+    return await next_request(db, session, settings, views)
 
 
 @router.post(
@@ -57,41 +61,34 @@ async def compact_now(
     nothing can be compacted safely, 502 when the summary request failed (nothing
     changed)."""
     body = body or CompactIn()
-    await compaction.precheck(db, session, runtime)
-    run = await runtime.runs.submit_turn(
-        db,
-        session,
-        content=None,
-        parent_uuid=None,
-        if_busy="reject",
-        idempotency_key=None,
-        digest="",
-        kind="compact",
-        params={"instructions": body.instructions},
-    )
-    await db.commit()
-    runtime.runs.launch(run, session)
+    await check_compactable(db, session, runtime.settings, runtime.views)
+    run = await runtime.admission.compact(db, session, body.instructions)
     if body.background:
-        return await deliver(runtime, run, "background")
-    await runtime.runs.wait_settled(run.id)
-    async with runtime.db.sessionmaker() as fresh:
-        done = await fresh.get(Run, run.id)
-    if done is None:
-        raise NotFound(f"Run {run.id} not found")
-    error = done.error or {}
-    if done.status != "completed":
-        if error.get("type") == "nothing_to_compact":
-            raise Invalid(error.get("message", "Nothing can be compacted safely"))
-        raise UpstreamError(error.get("message", "The compaction failed; nothing changed"))
-    outcome = (done.state or {}).get("compaction", {})
-    result = CompactResult.model_validate({"run": run_out(done), **outcome})
+        return deliver(runtime, run, "background")
+    return SettledResponse(runtime, run.id, _compaction_result)
+
+
+def _compaction_result(run: Run, _records: list[MessageRecord]) -> Response:
+    """200 with what the compaction did; 422 when nothing could be compacted, 502 when the
+    summary request failed (nothing changed either way)."""
+    if run.status != RunStatus.COMPLETED or run.state.compaction is None:
+        error = run.error or {}
+        message = error.get("message", "The compaction failed; nothing changed")
+        failure = Invalid if error.get("type") == "nothing_to_compact" else UpstreamFailed
+        status, problem = domain_problem(failure(message))
+        return JSONResponse(problem, status_code=status, media_type=PROBLEM_JSON)
+    outcome = run.state.compaction.model_dump(mode="json", exclude={"trigger"})
+    result = CompactResult.model_validate({"run": run_out(run), **outcome})
     return JSONResponse(result.model_dump(mode="json"))
 
 
 @router.post("/snip", summary="Snip messages")
-async def snip_messages(body: SnipIn, session: SessionDep, db: DbDep) -> SnipOut:
+async def snip_messages(
+    body: SnipIn, session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
+) -> SnipOut:
     """Leave messages out of every later model request; they stay in the history. 422 for
     compaction rows and messages outside the model's current view; 409 when snipping
     would split a tool call from its result or leave the view without a first user
     message."""
-    return SnipOut(snipped=await snips.snip(db, session, body.uuids))
+    uuids = await snips.snip(db, session, settings, views, body.uuids)
+    return SnipOut(snipped=uuids)

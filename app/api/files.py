@@ -5,25 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import delete, select
 
 from app.api.deps import DbDep, SessionDep
-from app.conversation.files import DbWorkspace
-from app.conversation.workspace import PathError, normalize_path
-from app.errors import Invalid, NotFound
+from app.conversation import files
 from app.models import File
 from app.schemas import FileOut, Page
 
 router = APIRouter(prefix="/sessions/{session_id}/files", tags=["files"])
-
-
-def workspace_path(path: str) -> str:
-    try:
-        return normalize_path(path)
-    except PathError as exc:
-        raise Invalid(
-            str(exc), errors=[{"loc": ["path", "path"], "msg": str(exc), "type": "value_error"}]
-        ) from exc
 
 
 def file_out(row: File) -> FileOut:
@@ -38,16 +26,9 @@ async def list_files(
     after: str | None = None,
 ) -> Page[FileOut]:
     """The session's workspace files (path, size, SHA-256, last change), ordered by path, a
-    page at a time (`after`: the last path seen)."""
-    query = select(File).where(File.session_id == session.id)
-    if after:
-        query = query.where(File.path > after)
-    rows = list(await db.scalars(query.order_by(File.path).limit(limit + 1)))
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page[FileOut](
-        data=[file_out(r) for r in rows], next_cursor=rows[-1].path if more and rows else None
-    )
+    page at a time (`after`: the `next_cursor` of the previous page)."""
+    rows, cursor = await files.list_page(db, session.id, after=after, limit=limit)
+    return Page[FileOut](data=[file_out(r) for r in rows], next_cursor=cursor)
 
 
 @router.put(
@@ -62,9 +43,8 @@ async def put_file(path: str, request: Request, session: SessionDep, db: DbDep) 
     """Create or replace a workspace file with the raw request body. Answers 201 when
     created, 200 when replaced; 422 for a path that is invalid or leaves the workspace,
     413 over the file size limit."""
-    clean = workspace_path(path)
-    data = await request.body()
-    row, created = await DbWorkspace(db, session.id).put(clean, data)
+    clean = files.workspace_path(path)  # before reading a body that may be refused anyway
+    row, created = await files.put(db, session.id, clean, await request.body())
     return Response(
         file_out(row).model_dump_json(),
         status_code=201 if created else 200,
@@ -81,9 +61,7 @@ async def put_file(path: str, request: Request, session: SessionDep, db: DbDep) 
 async def get_file(path: str, session: SessionDep, db: DbDep) -> Response:
     """The file's bytes (application/octet-stream), with its SHA-256 as the ETag. 404 when
     there is no such file."""
-    row = await db.get(File, (session.id, workspace_path(path)))
-    if row is None:
-        raise NotFound(f"File {path} not found")
+    row = await files.get(db, session.id, path)
     return Response(
         row.content,
         media_type="application/octet-stream",
@@ -94,8 +72,5 @@ async def get_file(path: str, session: SessionDep, db: DbDep) -> Response:
 @router.delete("/{path:path}", status_code=204, summary="Delete a file")
 async def delete_file(path: str, session: SessionDep, db: DbDep) -> Response:
     """Remove a workspace file. Answers 204; 404 when there is no such file."""
-    clean = workspace_path(path)
-    result = await db.execute(delete(File).where(File.session_id == session.id, File.path == clean))
-    if result.rowcount == 0:  # type: ignore[attr-defined]
-        raise NotFound(f"File {path} not found")
+    await files.remove(db, session.id, path)
     return Response(status_code=204)

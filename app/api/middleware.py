@@ -12,17 +12,17 @@ import re
 import time
 import uuid
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.errors import PROBLEM_JSON, PayloadTooLarge
+from app.api.problems import PROBLEM_JSON, TOO_LARGE_TITLE, problem
+from app.logs import request_id_var
 
 log = logging.getLogger("parley.http")
 
-request_id_var: ContextVar[str | None] = ContextVar("request_id", default=None)
 
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
 
@@ -112,7 +112,7 @@ class BodyLimitMiddleware:
         limit = self.limit_for(scope)
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _send_problem(send, PayloadTooLarge(_too_large(limit)))
+            await _send_too_large(send, limit)
             return
         received = 0
 
@@ -122,22 +122,30 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise PayloadTooLarge(_too_large(limit))
+                    raise BodyTooLarge(limit)
             return message
 
         await self.app(scope, counting_receive, send)
+
+
+class BodyTooLarge(HTTPException):
+    """The one HTTP error raised below the routes: FastAPI re-raises an HTTPException
+    raised while it reads a body (here, from `receive`) instead of calling it a 400."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, _too_large(limit))
 
 
 def _too_large(limit: int) -> str:
     return f"The request body exceeds the limit of {limit} bytes for this route"
 
 
-async def _send_problem(send: Send, error: PayloadTooLarge) -> None:
-    body = json.dumps(error.problem()).encode()
+async def _send_too_large(send: Send, limit: int) -> None:
+    body = json.dumps(problem(413, "payload_too_large", TOO_LARGE_TITLE, _too_large(limit)))
     await send(
         {
             "type": "http.response.start",
-            "status": error.status,
+            "status": 413,
             "headers": [
                 (b"content-type", PROBLEM_JSON.encode()),
                 (b"content-length", str(len(body)).encode()),
@@ -145,7 +153,7 @@ async def _send_problem(send: Send, error: PayloadTooLarge) -> None:
             ],
         }
     )
-    await send({"type": "http.response.body", "body": body})
+    await send({"type": "http.response.body", "body": body.encode()})
 
 
 def route_template(scope: Scope) -> str:

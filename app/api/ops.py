@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from app import metrics
 from app.api.deps import RuntimeDep
-from app.errors import PROBLEM_JSON
+from app.api.problems import PROBLEM_JSON
 from app.migrate import current_revision
 from app.schemas import Health
 

@@ -7,15 +7,13 @@ import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request, Response
-from sqlalchemy import and_, or_, select
 
+from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
 from app.api.deps import DbDep, RuntimeDep, SessionDep
-from app.api.streaming import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.conversation import store
 from app.conversation.payloads import run_out
-from app.engine.runs import load_run, request_hash
-from app.errors import Invalid, NotFound
-from app.models import Run
+from app.engine import runs
+from app.engine.admission import request_hash
+from app.errors import Invalid
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
@@ -46,21 +44,16 @@ async def post_turn(
     differs)."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
-    run = await runtime.runs.find_idempotent(db, session.id, idempotency_key, digest)
-    if run is None:
-        run = await runtime.runs.submit_turn(
-            db,
-            session,
-            content=body.content,
-            parent_uuid=body.parent_uuid,
-            if_busy=body.if_busy,
-            idempotency_key=idempotency_key,
-            digest=digest,
-        )
-        await db.commit()
-        if run.status == "running":
-            runtime.runs.launch(run, session)
-    return await deliver(runtime, run, mode)
+    run = await runtime.admission.post_turn(
+        db,
+        session,
+        content=body.content,
+        parent_uuid=body.parent_uuid,
+        if_busy=body.if_busy,
+        idempotency_key=idempotency_key,
+        digest=digest,
+    )
+    return deliver(runtime, run, mode)
 
 
 @router.post(
@@ -81,25 +74,9 @@ async def regenerate(
     sibling (the old reply stays in the tree) and the new head; delivered like a posted
     turn. 422 for a message that is not an assistant reply with a parent; 409 while a run
     is active."""
-    row = await store.get_message(db, session.id, message_uuid)
-    if row is None:
-        raise NotFound(f"Message {message_uuid} not found in this session")
-    if row.role != "assistant" or row.parent_uuid is None:
-        raise Invalid("Only an assistant reply with a parent can be regenerated")
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    run = await runtime.runs.submit_turn(
-        db,
-        session,
-        content=None,
-        parent_uuid=row.parent_uuid,
-        if_busy="reject",
-        idempotency_key=None,
-        digest="",
-        params={"regenerate": str(message_uuid)},
-    )
-    await db.commit()
-    runtime.runs.launch(run, session)
-    return await deliver(runtime, run, mode)
+    run = await runtime.admission.regenerate(db, session, message_uuid)
+    return deliver(runtime, run, mode)
 
 
 @router.get("/runs", summary="List runs")
@@ -107,36 +84,19 @@ async def list_runs(
     session: SessionDep,
     db: DbDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    after: uuid.UUID | None = None,
+    after: str | None = None,
 ) -> Page[RunOut]:
-    """The session's runs, newest first, a page at a time (`after`: the id of the last run
-    seen; 422 for an id that is not one of the session's runs)."""
-    query = select(Run).where(Run.session_id == session.id)
-    if after is not None:
-        anchor = await db.get(Run, after)
-        if anchor is None or anchor.session_id != session.id:
-            raise Invalid("The cursor is not valid")
-        query = query.where(
-            or_(
-                Run.created_at < anchor.created_at,
-                and_(Run.created_at == anchor.created_at, Run.id < anchor.id),
-            )
-        )
-    rows = list(
-        await db.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1))
-    )
-    more = len(rows) > limit
-    rows = rows[:limit]
-    return Page[RunOut](
-        data=[run_out(r) for r in rows], next_cursor=str(rows[-1].id) if more and rows else None
-    )
+    """The session's runs, newest first, a page at a time (`after`: the `next_cursor` of
+    the previous page; 422 for a cursor that is not one)."""
+    rows, cursor = await runs.list_page(db, session.id, after=after, limit=limit)
+    return Page[RunOut](data=[run_out(r) for r in rows], next_cursor=cursor)
 
 
 @router.get("/runs/{run_id}", summary="Get a run")
 async def get_run(run_id: uuid.UUID, session: SessionDep, db: DbDep) -> RunOut:
     """One run: its kind, status, usage and error, and in `requires_action` the client tool
     calls it waits for. 404 when the session has no such run."""
-    return run_out(await load_run(db, session.id, run_id))
+    return run_out(await runs.load(db, session.id, run_id))
 
 
 @router.get(
@@ -156,11 +116,15 @@ async def run_events(
     """The run's events as Server-Sent Events: the stored ones after `Last-Event-ID` (or the
     `after` query parameter), byte for byte as first sent, then live ones until the run
     settles. Event ids are gap-free per run, so a client that reconnects misses nothing."""
-    await load_run(db, session.id, run_id)
+    await runs.load(db, session.id, run_id)
     start = after or 0
     if last_event_id is not None:
         if not last_event_id.strip().isdigit():
-            raise Invalid("Last-Event-ID must be an event id (a whole number)")
+            raise Invalid.field(
+                ["header", "Last-Event-ID"],
+                "not an event id",
+                "Last-Event-ID must be an event id (a whole number)",
+            )
         start = int(last_event_id)
     return sse_stream(runtime, run_id, start)
 
@@ -171,10 +135,8 @@ async def cancel_run(
 ) -> RunOut:
     """Stop the run; what it produced is kept and the history stays valid (open tool calls
     are answered as cancelled). Idempotent: a finished run is returned unchanged."""
-    run = await load_run(db, session.id, run_id)
-    run = await runtime.runs.cancel(db, session, run)
-    await db.commit()
-    return run_out(run)
+    run = await runs.load(db, session.id, run_id)
+    return run_out(await runtime.admission.cancel(db, session, run))
 
 
 @router.post(
@@ -194,10 +156,8 @@ async def submit_tool_results(
     """Answer the client tool calls of a run in `requires_action` (exactly the pending ones)
     and resume it; delivered like a posted turn. 409 when the run is not waiting for tool
     results; 422 when the results do not match the pending calls."""
-    run = await load_run(db, session.id, run_id)
+    run = await runs.load(db, session.id, run_id)
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     after_seq = run.last_event_seq
-    message_seq = await runtime.runs.submit_tool_results(db, session, run, body)
-    await db.commit()
-    runtime.runs.launch(run, session)
-    return await deliver(runtime, run, mode, after_seq=after_seq, messages_after=message_seq)
+    message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
+    return deliver(runtime, run, mode, after_seq=after_seq, messages_from=message_seq)

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep
+from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import sessions, transcripts
-from app.schemas import SessionCreate, SessionOut
+from app.schemas import SessionOut
 
 router = APIRouter(tags=["transcripts"])
 
@@ -55,19 +55,14 @@ async def import_transcript(
     db: DbDep,
     tenant: TenantDep,
     settings: SettingsDep,
+    views: ViewsDep,
     title: Annotated[str | None, Query(max_length=500)] = None,
     model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
 ) -> SessionOut:
     """A new session holding the transcript's messages (fresh uuids, the originals kept as
     `metadata.source_uuid`), ready to be continued. Answers 201 with the session; a
     malformed line answers 422 naming its line number, and nothing is stored."""
-    transcript = await transcripts.read_transcript(request.stream())
-    drafts, head = transcripts.build_tree(transcript)
-    body = SessionCreate(
-        title=title or transcript.title,
-        model=model or transcript.model() or settings.model,
-        metadata={"imported": {"source_session_id": transcript.source_session_id}},
+    session = await transcripts.import_session(
+        db, tenant, settings, request.stream(), title=title, model=model
     )
-    session = await sessions.create(db, tenant, body, settings)
-    await transcripts.store_tree(db, session, drafts, head)
-    return await sessions.to_out(db, session, settings, status="idle")
+    return await sessions.to_out(db, session, settings, views, status="idle")

@@ -22,6 +22,7 @@ inputs are never changed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.context.types import CACHEABLE_BLOCK_TYPES, USER, ApiMessage, Block
@@ -107,3 +108,14 @@ def add_cache_breakpoints(
         if _mark_last(content, mark):
             new_messages[i] = {**new_messages[i], "content": content}
     return new_system, new_tools, new_messages
+
+
+def cache_cold(last_request_at: datetime | None, ttl_seconds: float, now: datetime) -> bool:
+    """Whether the prompt cache of a session's prefix has expired. A session never sent
+    has nothing cached, but nothing to lose either: it counts as warm here, so the first
+    request keeps the layout that later turns will read from the cache."""
+    if last_request_at is None:
+        return False
+    if last_request_at.tzinfo is None:
+        last_request_at = last_request_at.replace(tzinfo=UTC)
+    return now - last_request_at > timedelta(seconds=ttl_seconds)

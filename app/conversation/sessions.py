@@ -2,24 +2,24 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, delete, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
-from app.context.tokens import estimate_system, estimate_tools
-from app.context.tools import tool_definitions
-from app.conversation.store import chain_rows
-from app.conversation.views import VIEW_CACHE
-from app.engine.llm.models import model_info
-from app.errors import BadRequest, Conflict, Invalid
-from app.models import ACTIVE_RUN_STATUSES, AgentSession, Run
+from app.context.estimates import anchored_estimate
+from app.context.limits import Limits, default_max_tokens
+from app.context.models import model_info
+from app.context.session import CompactionConfig, SessionConfig
+from app.conversation import store
+from app.conversation.views import ChainCache
+from app.domain import ACTIVE_RUN_STATUSES
+from app.errors import Conflict, Invalid, NotFound
+from app.models import AgentSession, Run
+from app.pagination import as_datetime, decode_cursor, page
 from app.schemas import (
     CompactionSettings,
     ContextSummary,
@@ -29,10 +29,6 @@ from app.schemas import (
     SessionPatch,
     Usage,
 )
-
-AUTOCOMPACT_BUFFER_TOKENS = 13_000
-SUMMARY_OUTPUT_RESERVE = 20_000
-WARNING_BUFFER_TOKENS = 20_000
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -48,9 +44,10 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-def effective_compaction(session: AgentSession, settings: Settings) -> EffectiveCompaction:
+def compaction_config(session: AgentSession, settings: Settings) -> CompactionConfig:
+    """The session's compaction settings with the service defaults filled in."""
     own = session.compaction or {}
-    return EffectiveCompaction(
+    return CompactionConfig(
         auto=own.get("auto", settings.compaction_auto),
         threshold_tokens=own.get("threshold_tokens"),
         context_window=own.get("context_window"),
@@ -63,24 +60,16 @@ def effective_compaction(session: AgentSession, settings: Settings) -> Effective
     )
 
 
-class Limits:
-    """The token limits of a session: window, output reserve and thresholds."""
-
-    def __init__(self, session: AgentSession, settings: Settings) -> None:
-        info = model_info(session.model)
-        compaction = effective_compaction(session, settings)
-        self.context_window = compaction.context_window or info.context_window
-        self.max_output_tokens = info.max_output_tokens
-        computed = (
-            self.context_window
-            - min(self.max_output_tokens, SUMMARY_OUTPUT_RESERVE)
-            - AUTOCOMPACT_BUFFER_TOKENS
-        )
-        # A tiny window (tests, odd gateways) still gets a positive threshold.
-        computed = max(computed, self.context_window // 2)
-        self.auto_compact_threshold = compaction.threshold_tokens or computed
-        self.warning_threshold = max(self.auto_compact_threshold - WARNING_BUFFER_TOKENS, 0)
-        self.compaction = compaction
+def config_of(session: AgentSession, settings: Settings) -> SessionConfig:
+    return SessionConfig(
+        model=session.model,
+        system=session.system,
+        tools=list(session.tools or []),
+        builtin_tools=list(session.builtin_tools or []),
+        max_tokens=session.max_tokens,
+        thinking=session.thinking,
+        compaction=compaction_config(session, settings),
+    )
 
 
 def check_thinking(max_tokens: int | None, thinking: dict[str, Any] | None, model: str) -> None:
@@ -88,41 +77,35 @@ def check_thinking(max_tokens: int | None, thinking: dict[str, Any] | None, mode
     modes = model_info(model).thinking_modes
     wanted = {"enabled": "extended", "adaptive": "adaptive"}.get(kind or "")
     if wanted and modes and wanted not in modes:
-        raise Invalid(
+        raise Invalid.field(
+            ["body", "thinking", "type"],
+            "not supported by the model",
             f"model {model} does not support thinking type {kind!r} "
             f"(it supports: {', '.join(sorted(modes))})",
-            errors=[
-                {
-                    "loc": ["body", "thinking", "type"],
-                    "msg": "not supported by the model",
-                    "type": "value_error",
-                }
-            ],
         )
     if thinking and kind == "enabled":
         budget = thinking["budget_tokens"]
         limit = max_tokens or default_max_tokens(model)
         if budget >= limit:
-            raise Invalid(
+            raise Invalid.field(
+                ["body", "thinking", "budget_tokens"],
+                "must be below max_tokens",
                 f"thinking.budget_tokens ({budget}) must be below max_tokens ({limit})",
-                errors=[
-                    {
-                        "loc": ["body", "thinking", "budget_tokens"],
-                        "msg": "must be below max_tokens",
-                        "type": "value_error",
-                    }
-                ],
             )
-
-
-def default_max_tokens(model: str) -> int:
-    return min(model_info(model).max_output_tokens, 16_000)
 
 
 def check_tool_names(tools: list[dict[str, Any]], builtin: Sequence[str]) -> None:
     clash = {tool["name"] for tool in tools} & set(builtin)
     if clash:
         raise Invalid(f"client tools clash with built-in tools: {sorted(clash)}")
+
+
+async def get(db: AsyncSession, tenant: str, session_id: uuid.UUID) -> AgentSession:
+    """The tenant's session; another tenant's is as absent as a missing one."""
+    session = await db.get(AgentSession, session_id)
+    if session is None or session.tenant != tenant:
+        raise NotFound(f"Session {session_id} not found")
+    return session
 
 
 async def create(
@@ -168,9 +151,8 @@ async def patch(db: AsyncSession, session: AgentSession, body: SessionPatch) -> 
         fields["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
     if "builtin_tools" in fields:
         fields["builtin_tools"] = list(dict.fromkeys(fields["builtin_tools"] or []))
-    for key in ("model",):
-        if key in fields and fields[key] is None:
-            raise Invalid(f"{key} cannot be null")
+    if "model" in fields and fields["model"] is None:
+        raise Invalid("model cannot be null")
     for key, value in fields.items():
         setattr(session, key, value)
     check_thinking(session.max_tokens, session.thinking, session.model)
@@ -179,27 +161,13 @@ async def patch(db: AsyncSession, session: AgentSession, body: SessionPatch) -> 
     return session
 
 
-def _encode_cursor(created_at: datetime, session_id: uuid.UUID) -> str:
-    raw = json.dumps([created_at.isoformat(), str(session_id)]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        created, sid = json.loads(base64.urlsafe_b64decode(padded))
-        return datetime.fromisoformat(created), uuid.UUID(sid)
-    except (ValueError, TypeError) as exc:
-        raise BadRequest("The cursor is not valid") from exc
-
-
 async def list_page(
     db: AsyncSession, tenant: str, *, limit: int, after: str | None
 ) -> tuple[list[AgentSession], str | None]:
     """Newest first; the cursor is the (created_at, id) of the last item."""
     query = select(AgentSession).where(AgentSession.tenant == tenant)
     if after:
-        created, sid = _decode_cursor(after)
+        created, sid = decode_cursor(after, as_datetime, uuid.UUID)
         query = query.where(
             or_(
                 AgentSession.created_at < created,
@@ -208,10 +176,7 @@ async def list_page(
         )
     query = query.order_by(AgentSession.created_at.desc(), AgentSession.id.desc()).limit(limit + 1)
     rows = list((await db.scalars(query)).all())
-    more = len(rows) > limit
-    rows = rows[:limit]
-    cursor = _encode_cursor(rows[-1].created_at, rows[-1].id) if more and rows else None
-    return rows, cursor
+    return page(rows, limit, lambda s: (s.created_at, s.id))
 
 
 async def delete_session(db: AsyncSession, session: AgentSession) -> None:
@@ -226,50 +191,31 @@ async def statuses(db: AsyncSession, session_ids: list[uuid.UUID]) -> dict[uuid.
             Run.session_id.in_(session_ids), Run.status.in_(ACTIVE_RUN_STATUSES)
         )
     )
-    return {sid: status for sid, status in result.all()}
+    return {sid: str(status) for sid, status in result.all()}
 
 
-async def estimated_tokens(db: AsyncSession, session: AgentSession) -> int:
+async def estimated_tokens(
+    db: AsyncSession, views: ChainCache, session: AgentSession, config: SessionConfig
+) -> int:
     """The last response's real usage plus the stored estimates of what came after it
-    (invariant 8); system and tools estimated when no response is in the view."""
-    rows = VIEW_CACHE.peek(session.id, session.head_uuid)
-    if rows is None:
-        rows = await chain_rows(
-            db, session.head_uuid, full=False, columns=("role", "usage", "token_estimate")
-        )
-    return estimate_from_rows(session, rows)
-
-
-def estimate_from_rows(session: AgentSession, rows: Any) -> int:
-    """Stored estimates are in calibration tokens; newer models' tokenizers count more
-    for the same text (`tokens_per_char_factor`)."""
-    factor = model_info(session.model).tokens_per_char_factor
-    after = 0
-    for row in reversed(rows):
-        usage = row.usage
-        if row.role == "assistant" and usage:
-            anchored = (
-                usage.get("input_tokens", 0)
-                + usage.get("cache_read_input_tokens", 0)
-                + usage.get("cache_creation_input_tokens", 0)
-                + usage.get("output_tokens", 0)
-            )
-            if anchored:
-                return int(anchored + after * factor)
-        if row.role is not None:
-            after += row.token_estimate
-    definitions = estimate_system(session.system) + estimate_tools(
-        tool_definitions(session.builtin_tools or [], session.tools or [])
-    )
-    return int((after + definitions) * factor)
+    (invariant 8); from the cached view when it is the current one."""
+    records = views.peek(session.id, session.head_uuid)
+    if records is not None:
+        return anchored_estimate(config, records)
+    return anchored_estimate(config, await store.chain_usage(db, session.head_uuid))
 
 
 async def to_out(
-    db: AsyncSession, session: AgentSession, settings: Settings, status: str | None = None
+    db: AsyncSession,
+    session: AgentSession,
+    settings: Settings,
+    views: ChainCache,
+    status: str | None = None,
 ) -> SessionOut:
     if status is None:
         status = (await statuses(db, [session.id])).get(session.id, "idle")
-    limits = Limits(session, settings)
+    config = config_of(session, settings)
+    limits = Limits.of(config)
     return SessionOut(
         id=session.id,
         title=session.title,
@@ -279,7 +225,7 @@ async def to_out(
         builtin_tools=session.builtin_tools or [],
         max_tokens=session.max_tokens,
         thinking=session.thinking,
-        compaction=limits.compaction,
+        compaction=EffectiveCompaction.model_validate(config.compaction, from_attributes=True),
         status=status,
         head_uuid=session.head_uuid,
         created_at=session.created_at,
@@ -292,7 +238,7 @@ async def to_out(
             cache_creation_input_tokens=session.cache_creation_input_tokens,
         ),
         context=ContextSummary(
-            estimated_tokens=await estimated_tokens(db, session),
+            estimated_tokens=await estimated_tokens(db, views, session, config),
             context_window=limits.context_window,
             auto_compact_threshold=limits.auto_compact_threshold,
         ),

@@ -5,15 +5,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.config import Settings
 from app.context.blocks import is_model_visible, tool_result_ids, tool_use_ids
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY, Node
-from app.conversation import store
-from app.conversation.views import load_view
-from app.errors import Conflict, Invalid, NotFound
-from app.models import AgentSession, Snip
+from app.conversation import marks
+from app.conversation.history import message
+from app.conversation.sessions import config_of
+from app.conversation.views import ChainCache, load_view
+from app.errors import Conflict, Invalid
+from app.models import AgentSession
 
 
 def pair_problem(nodes: Sequence[Node], snipped: set[str]) -> str | None:
@@ -37,15 +39,18 @@ def pair_problem(nodes: Sequence[Node], snipped: set[str]) -> str | None:
 
 
 async def snip(
-    db: AsyncSession, session: AgentSession, uuids: Sequence[uuid.UUID]
+    db: AsyncSession,
+    session: AgentSession,
+    settings: Settings,
+    views: ChainCache,
+    uuids: Sequence[uuid.UUID],
 ) -> list[uuid.UUID]:
-    view = await load_view(db, session)
+    compactable = config_of(session, settings).compactable
+    view = await load_view(db, views, session.id, session.head_uuid, compactable)
     on_chain = {node.uuid for node in view.nodes}
     for message_uuid in uuids:
-        row = await store.get_message(db, session.id, message_uuid)
-        if row is None:
-            raise NotFound(f"Message {message_uuid} not found in this session")
-        if row.subtype in (COMPACT_BOUNDARY, COMPACT_SUMMARY):
+        record = await message(db, session.id, message_uuid)
+        if record.subtype in (COMPACT_BOUNDARY, COMPACT_SUMMARY):
             raise Invalid(f"Message {message_uuid} is a compaction row and cannot be snipped")
         if str(message_uuid) not in on_chain:
             raise Invalid(f"Message {message_uuid} is not in the model's current view")
@@ -53,11 +58,8 @@ async def snip(
     problem = pair_problem(view.nodes, view.snipped | wanted)
     if problem is not None:
         raise Conflict(problem)
-    existing = set(
-        await db.scalars(select(Snip.message_uuid).where(Snip.message_uuid.in_(list(uuids))))
-    )
-    for message_uuid in dict.fromkeys(uuids):
-        if message_uuid not in existing:
-            db.add(Snip(session_id=session.id, message_uuid=message_uuid))
+    unique = list(dict.fromkeys(uuids))
+    existing = await marks.snipped_among(db, unique)
+    marks.add_snips(db, session.id, [u for u in unique if u not in existing])
     await db.flush()
-    return list(dict.fromkeys(uuids))
+    return unique

@@ -13,31 +13,31 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Row, Table, Uuid, bindparam, func, insert, literal, select, update
+from sqlalchemy import Table, Uuid, bindparam, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.context.tokens import estimate_content
-from app.context.types import Node
-from app.models import (
-    AgentSession,
-    Collapse,
-    File,
-    Message,
-    MicroWatermark,
-    Snip,
-    utcnow,
-)
+from app.conversation.records import COLUMNS, MessageRecord
+from app.models import AgentSession, Message, utcnow
 
 messages_t = cast(Table, Message.__table__)
 # Core tables on the hot path: ORM-enabled DML costs several times the CPU.
 sessions_t = cast(Table, AgentSession.__table__)
+RECORD_COLUMNS = tuple(messages_t.c[name] for name in COLUMNS)
 MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never reached
 
 
+class UsageRow(NamedTuple):
+    """The three columns a token estimate reads (`context.estimates`)."""
+
+    role: str | None
+    usage: dict[str, Any] | None
+    token_estimate: int
+
+
 @lru_cache(maxsize=16)
-def _chain_query(full: bool, columns: tuple[str, ...] | None, stop: bool = False) -> Any:
+def _chain_query(full: bool, usage_only: bool, stop: bool) -> Any:
     """Built once per shape (statement construction is a real share of a turn's CPU);
     the head (and `stop`, a node the walk does not climb past) are bound parameters.
     Rows come unordered with their depth: sorting them in Python is cheaper than
@@ -67,57 +67,50 @@ def _chain_query(full: bool, columns: tuple[str, ...] | None, stop: bool = False
     if stop:
         step = step.where(parent.c.uuid != bindparam("stop", type_=Uuid))
     chain = chain.union_all(step)
-    selected = [m.c[name] for name in columns] if columns else [m]
+    selected = (m.c.role, m.c.usage, m.c.token_estimate) if usage_only else RECORD_COLUMNS
     return select(*selected, chain.c.depth.label("chain_depth")).join(
         chain, m.c.uuid == chain.c.uuid
     )
 
 
-async def chain_rows(
-    db: AsyncSession,
-    head: uuid.UUID | None,
-    *,
-    full: bool,
-    columns: Sequence[str] | None = None,
-    stop: uuid.UUID | None = None,
+async def _walk(
+    db: AsyncSession, head: uuid.UUID, full: bool, usage_only: bool, stop: uuid.UUID | None
 ) -> list[Any]:
-    """Rows from the root (or the nearest boundary) down to `head`, oldest first (only
-    `columns` of them when given). With `stop`, the walk ends below that node when it
-    meets it: the first row's parent is then `stop`."""
-    if head is None:
-        return []
-    query = _chain_query(full, tuple(columns) if columns else None, stop is not None)
+    query = _chain_query(full, usage_only, stop is not None)
     params = {"head": head} if stop is None else {"head": head, "stop": stop}
     rows = list(await db.execute(query, params))
     rows.sort(key=lambda row: row.chain_depth, reverse=True)
     return rows
 
 
-def to_node(row: Any) -> Node:
-    return Node(
-        uuid=str(row.uuid),
-        type=row.type,
-        role=row.role,
-        content=row.content,
-        subtype=row.subtype,
-        is_meta=row.is_meta,
-        token_estimate=row.token_estimate,
-        stop_reason=row.stop_reason,
-        usage=row.usage,
-        model=row.model,
-        meta=row.metadata,
-    )
+async def chain(
+    db: AsyncSession, head: uuid.UUID | None, *, full: bool, stop: uuid.UUID | None = None
+) -> list[MessageRecord]:
+    """Messages from the root (or the nearest boundary) down to `head`, oldest first.
+    With `stop`, the walk ends below that node when it meets it: the first record's
+    parent is then `stop`."""
+    if head is None:
+        return []
+    return [MessageRecord.from_row(row) for row in await _walk(db, head, full, False, stop)]
+
+
+async def chain_usage(db: AsyncSession, head: uuid.UUID | None) -> list[UsageRow]:
+    """The model view's chain, only what a token estimate reads."""
+    if head is None:
+        return []
+    return [UsageRow(*row[:3]) for row in await _walk(db, head, False, True, None)]
 
 
 async def get_message(
     db: AsyncSession, session_id: uuid.UUID, message_uuid: uuid.UUID
-) -> Row[Any] | None:
+) -> MessageRecord | None:
     result = await db.execute(
-        select(messages_t).where(
+        select(*RECORD_COLUMNS).where(
             messages_t.c.uuid == message_uuid, messages_t.c.session_id == session_id
         )
     )
-    return result.first()
+    row = result.first()
+    return MessageRecord.from_row(row) if row is not None else None
 
 
 async def allocate_seq(
@@ -135,90 +128,38 @@ async def allocate_seq(
     return last - count + 1
 
 
-def new_row(
-    *,
-    session_id: uuid.UUID,
-    seq: int,
-    parent_uuid: uuid.UUID | None,
-    type: str,
-    role: str | None,
-    content: list[Any],
-    subtype: str | None = None,
-    logical_parent_uuid: uuid.UUID | None = None,
-    model: str | None = None,
-    stop_reason: str | None = None,
-    usage: dict[str, Any] | None = None,
-    is_meta: bool = False,
-    copied_from: uuid.UUID | None = None,
-    run_id: uuid.UUID | None = None,
-    meta: dict[str, Any] | None = None,
-    message_uuid: uuid.UUID | None = None,
-    token_estimate: int | None = None,
-) -> dict[str, Any]:
-    """The column values of a new message (estimate computed once, here, at insert)."""
-    return {
-        "uuid": message_uuid or uuid.uuid4(),
-        "session_id": session_id,
-        "seq": seq,
-        "parent_uuid": parent_uuid,
-        "logical_parent_uuid": logical_parent_uuid,
-        "type": type,
-        "subtype": subtype,
-        "role": role,
-        "content": content,
-        "model": model,
-        "stop_reason": stop_reason,
-        "usage": usage,
-        "is_meta": is_meta,
-        "token_estimate": estimate_content(content) if token_estimate is None else token_estimate,
-        "copied_from": copied_from,
-        "run_id": run_id,
-        "metadata": meta,
-        "created_at": utcnow(),
-    }
-
-
 async def append(
     db: AsyncSession,
-    session_id: uuid.UUID,
+    message: MessageRecord,
     *,
-    parent_uuid: uuid.UUID | None,
     move_head: bool = True,
     session_values: dict[str, Any] | None = None,
-    **fields: Any,
-) -> dict[str, Any]:
-    """Insert one message under `parent_uuid` and (by default) make it the head."""
-    [row] = await append_many(
-        db,
-        session_id,
-        [{"parent_uuid": parent_uuid, **fields}],
-        move_head=move_head,
-        session_values=session_values,
-    )
-    return row
+) -> MessageRecord:
+    """Insert one message and (by default) make it the head."""
+    [record] = await append_many(db, [message], move_head=move_head, session_values=session_values)
+    return record
 
 
 async def append_many(
     db: AsyncSession,
-    session_id: uuid.UUID,
-    specs: list[dict[str, Any]],
+    messages: Sequence[MessageRecord],
     *,
     move_head: bool = True,
     session_values: dict[str, Any] | None = None,
-) -> list[dict[str, Any]]:
-    """Insert messages in order, each spec holding `new_row` fields (its own parent).
-    One UPDATE of the session row reserves their seqs, moves the head and applies
+) -> list[MessageRecord]:
+    """Insert messages of one session in order (each names its own parent). One UPDATE
+    of the session row reserves their seqs, moves the head to the last one and applies
     `session_values` (usage counters, say)."""
-    if not specs:
+    if not messages:
         return []
-    specs = [{**spec, "message_uuid": spec.get("message_uuid") or uuid.uuid4()} for spec in specs]
+    session_id = messages[0].session_id
     values = dict(session_values or {})
     if move_head:
-        values.update(head_uuid=specs[-1]["message_uuid"], updated_at=utcnow())
-    first = await allocate_seq(db, session_id, len(specs), **values)
-    rows = [new_row(session_id=session_id, seq=first + i, **spec) for i, spec in enumerate(specs)]
-    await db.execute(insert(messages_t), rows)
-    return rows
+        values.update(head_uuid=messages[-1].uuid, updated_at=utcnow())
+    first = await allocate_seq(db, session_id, len(messages), **values)
+    records = [message.with_(seq=first + i) for i, message in enumerate(messages)]
+    await db.execute(insert(messages_t), [record.values() for record in records])
+    return records
 
 
 async def set_head(db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | None) -> None:
@@ -231,138 +172,24 @@ async def set_head(db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | No
 
 async def tree_page(
     db: AsyncSession, session_id: uuid.UUID, *, after_seq: int, limit: int
-) -> list[Any]:
-    m = messages_t
+) -> list[MessageRecord]:
+    """Every message of the session in insertion order, a page at a time."""
     result = await db.execute(
-        select(
-            m.c.uuid,
-            m.c.seq,
-            m.c.parent_uuid,
-            m.c.logical_parent_uuid,
-            m.c.type,
-            m.c.subtype,
-            m.c.role,
-            m.c.content,
-            m.c.created_at,
-        )
-        .where(m.c.session_id == session_id, m.c.seq > after_seq)
-        .order_by(m.c.seq)
+        select(*RECORD_COLUMNS)
+        .where(messages_t.c.session_id == session_id, messages_t.c.seq > after_seq)
+        .order_by(messages_t.c.seq)
         .limit(limit)
     )
-    return list(result)
+    return [MessageRecord.from_row(row) for row in result]
 
 
-async def fork(
-    db: AsyncSession, source: AgentSession, at_uuid: uuid.UUID | None, *, tenant: str
-) -> AgentSession:
-    """A new session holding its own copy of the full chain up to `at_uuid`, with the
-    snips, micro watermarks and collapses anchored on it, and the workspace files."""
-    rows = await chain_rows(db, at_uuid, full=True)
-    target = AgentSession(
-        id=uuid.uuid4(),
-        tenant=tenant,
-        title=source.title,
-        model=source.model,
-        system=source.system,
-        tools=source.tools,
-        builtin_tools=source.builtin_tools,
-        max_tokens=source.max_tokens,
-        thinking=source.thinking,
-        meta=dict(source.meta or {}),
-        compaction=dict(source.compaction or {}),
-        message_seq=len(rows),
+async def messages_of_run(
+    db: AsyncSession, run_id: uuid.UUID, *, from_seq: int = 0
+) -> list[MessageRecord]:
+    """The messages a run stored (from a seq on), in order."""
+    result = await db.execute(
+        select(*RECORD_COLUMNS)
+        .where(messages_t.c.run_id == run_id, messages_t.c.seq >= from_seq)
+        .order_by(messages_t.c.seq)
     )
-    db.add(target)
-    await db.flush()
-
-    new_ids = {row.uuid: uuid.uuid4() for row in rows}
-    copies = [
-        {
-            **new_row(
-                session_id=target.id,
-                seq=i + 1,
-                parent_uuid=new_ids.get(row.parent_uuid) if row.parent_uuid else None,
-                logical_parent_uuid=(
-                    new_ids.get(row.logical_parent_uuid) if row.logical_parent_uuid else None
-                ),
-                type=row.type,
-                subtype=row.subtype,
-                role=row.role,
-                content=row.content,
-                model=row.model,
-                stop_reason=row.stop_reason,
-                usage=row.usage,
-                is_meta=row.is_meta,
-                copied_from=row.uuid,
-                meta=row.metadata,
-                message_uuid=new_ids[row.uuid],
-                token_estimate=row.token_estimate,
-            ),
-            "created_at": row.created_at,
-        }
-        for i, row in enumerate(rows)
-    ]
-    if copies:
-        await db.execute(insert(messages_t), copies)
-        target.head_uuid = new_ids[rows[-1].uuid]
-    await copy_context_marks(db, source.id, target.id, new_ids)
-    await _copy_files(db, source.id, target.id)
-    await db.flush()
-    return target
-
-
-async def copy_context_marks(
-    db: AsyncSession,
-    source_id: uuid.UUID,
-    target_id: uuid.UUID,
-    new_ids: dict[uuid.UUID, uuid.UUID],
-) -> None:
-    """Snips, micro watermarks and collapses anchored on copied messages follow them to
-    their copies (`new_ids`: original uuid -> copy), so a fork or a compaction's
-    verbatim copies show the model the same projection."""
-    snips = await db.scalars(select(Snip).where(Snip.session_id == source_id))
-    for snip in snips:
-        if snip.message_uuid in new_ids:
-            db.add(Snip(session_id=target_id, message_uuid=new_ids[snip.message_uuid]))
-    marks = await db.scalars(select(MicroWatermark).where(MicroWatermark.session_id == source_id))
-    for mark in marks:
-        if mark.anchor_uuid in new_ids:
-            db.add(
-                MicroWatermark(
-                    session_id=target_id,
-                    anchor_uuid=new_ids[mark.anchor_uuid],
-                    tokens_freed=mark.tokens_freed,
-                    created_at=mark.created_at,
-                )
-            )
-    spans = await db.scalars(select(Collapse).where(Collapse.session_id == source_id))
-    for span in spans:
-        if span.start_uuid in new_ids and span.end_uuid in new_ids:
-            db.add(
-                Collapse(
-                    session_id=target_id,
-                    start_uuid=new_ids[span.start_uuid],
-                    end_uuid=new_ids[span.end_uuid],
-                    summary=span.summary,
-                    tokens_saved=span.tokens_saved,
-                    model=span.model,
-                    applied_at=span.applied_at,
-                    created_at=span.created_at,
-                )
-            )
-
-
-async def _copy_files(db: AsyncSession, source_id: uuid.UUID, target_id: uuid.UUID) -> None:
-    files = await db.scalars(select(File).where(File.session_id == source_id))
-    for f in files:
-        db.add(
-            File(
-                session_id=target_id,
-                path=f.path,
-                content=f.content,
-                size=f.size,
-                sha256=f.sha256,
-                created_at=f.created_at,
-                updated_at=f.updated_at,
-            )
-        )
+    return [MessageRecord.from_row(row) for row in result]

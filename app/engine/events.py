@@ -29,7 +29,8 @@ from sqlalchemy import Table, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
-from app.models import FINAL_RUN_STATUSES, Run, RunEvent
+from app.domain import FINAL_RUN_STATUSES
+from app.models import Run, RunEvent
 
 runs_t = cast(Table, Run.__table__)
 run_events_t = cast(Table, RunEvent.__table__)

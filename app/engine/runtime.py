@@ -1,4 +1,6 @@
-"""Everything one process holds: settings, database, model client, event hub, runs.
+"""Everything one process holds: the shared resources runs use, the supervisor of the
+runs executing here, and admission of new work. Built by `create_app`; nothing of it
+lives at module level.
 
 Start-up checks the configuration against the bind address and the database, then
 starts the background loops (lease heartbeat and reaper). Shutdown stops accepting
@@ -13,21 +15,16 @@ import contextlib
 import gc
 import logging
 import os
-import socket
 import sys
 
-from sqlalchemy import func, select
 from sqlalchemy.exc import DBAPIError
 
+from app import auth
 from app.config import Settings
-from app.conversation.views import VIEW_CACHE
-from app.db import Database, make_engine
-from app.engine.compaction import CompactionHooks, WebhookHook
-from app.engine.events import EventHub
-from app.engine.llm.client import ModelClient, make_model_client
-from app.engine.runs import RunManager
+from app.engine.admission import Admission
+from app.engine.resources import Resources
+from app.engine.supervisor import Supervisor
 from app.migrate import head_revision
-from app.models import ApiKey
 
 log = logging.getLogger("parley.runtime")
 
@@ -46,18 +43,14 @@ def bind_host(settings: Settings) -> str:
 class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.db = Database(make_engine(settings))
-        self.events = EventHub(self.db, settings.event_flush_seconds)
-        self.llm: ModelClient = make_model_client(settings)
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}"
+        self.resources = Resources.of(settings)
+        self.db = self.resources.db
+        self.events = self.resources.events
+        self.views = self.resources.views
+        self.supervisor = Supervisor(self.resources)
+        self.admission = Admission(self.resources, self.supervisor)
         self.migration_head = head_revision()
         self.open_mode = not settings.api_keys
-        self.runs = RunManager(self)
-        VIEW_CACHE.max_messages = settings.view_cache_messages
-        self.compaction_hooks: list[CompactionHooks] = []
-        if settings.compaction_webhook_url:
-            self.compaction_hooks.append(WebhookHook(settings.compaction_webhook_url))
-        self.shutting_down = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
@@ -73,8 +66,8 @@ class Runtime:
             url = self.db.engine.url.set(drivername="postgresql")
             await self.events.start_listener(url.render_as_string(hide_password=False))
         self._loops = [
-            asyncio.create_task(self.runs.heartbeat_loop(), name="parley-heartbeat"),
-            asyncio.create_task(self.runs.reaper_loop(), name="parley-reaper"),
+            asyncio.create_task(self.supervisor.heartbeat_loop(), name="parley-heartbeat"),
+            asyncio.create_task(self.supervisor.reaper_loop(), name="parley-reaper"),
         ]
         log.info(
             "Parley started (model provider: %s, database: %s)",
@@ -89,22 +82,19 @@ class Runtime:
     async def _has_stored_keys(self) -> bool:
         try:
             async with self.db.sessionmaker() as db:
-                count = await db.scalar(
-                    select(func.count()).select_from(ApiKey).where(ApiKey.revoked_at.is_(None))
-                )
-                return bool(count)
+                return await auth.has_stored_keys(db)
         except DBAPIError:
             log.warning("could not read stored API keys (database not migrated yet?)")
             return False
 
     async def stop(self) -> None:
-        self.shutting_down.set()
+        self.supervisor.shutting_down.set()
         for task in self._loops:
             task.cancel()
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.runs.shutdown()
+        await self.supervisor.shutdown()
         await self.events.stop()
-        await self.llm.aclose()
+        await self.resources.llm.aclose()
         await self.db.dispose()

@@ -9,6 +9,7 @@ import httpx
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.conversation import store
+from app.conversation.records import new_message
 
 
 async def new_session(api: httpx.AsyncClient, **body: Any) -> str:
@@ -19,9 +20,11 @@ async def new_session(api: httpx.AsyncClient, **body: Any) -> str:
 
 async def add(conn: AsyncConnection, sid: str, parent: Any, **fields: Any) -> uuid.UUID:
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
-        row = await store.append(db, uuid.UUID(sid), parent_uuid=parent, **fields)
+        record = await store.append(
+            db, new_message(session_id=uuid.UUID(sid), parent_uuid=parent, **fields)
+        )
         await db.commit()
-    return uuid.UUID(str(row["uuid"]))
+    return record.uuid
 
 
 def text(role: str, value: str, **fields: Any) -> dict[str, Any]:

@@ -67,7 +67,7 @@ async def seed_compacted(conn: AsyncConnection, sid: str) -> list[uuid.UUID]:
         role=None,
         content=[],
         logical_parent_uuid=a2,
-        meta={"trigger": "manual", "pre_tokens": 1234, "post_tokens": 100},
+        metadata={"trigger": "manual", "pre_tokens": 1234, "post_tokens": 100},
     )
     summary = await add(
         conn, sid, boundary, **text("user", "the summary", subtype="compact_summary")

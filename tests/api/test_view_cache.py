@@ -7,7 +7,7 @@ import uuid
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from app.conversation.store import chain_rows
+from app.conversation import store
 from app.conversation.views import ChainCache
 from app.models import AgentSession
 from tests.api.seed import add, text
@@ -15,7 +15,7 @@ from tests.api.seed import add, text
 
 async def fresh(conn: AsyncConnection, head: uuid.UUID) -> list[str]:
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
-        rows = await chain_rows(db, head, full=False)
+        rows = await store.chain(db, head, full=False)
     return [str(r.uuid) for r in rows if r.subtype != "compact_boundary"]
 
 
@@ -56,10 +56,10 @@ async def test_cached_views_match_the_store(conn: AsyncConnection) -> None:
     heads = [ids[1], ids[3], ids[5], ids[5], branch, ids[0], ids[4], after, summary, ids[5]]
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
         for head in heads:
-            rows, nodes = await cache.view_rows(db, sid, head)
+            rows, nodes = await cache.view_records(db, sid, head)
             assert [str(r.uuid) for r in rows] == await fresh(conn, head), head
             assert [n.uuid for n in nodes] == [str(r.uuid) for r in rows]
-    assert cache.size == len(cache.entries[sid].rows)
+    assert cache.size == len(cache.entries[sid].records)
 
 
 async def test_cache_stays_within_its_bound(conn: AsyncConnection) -> None:
@@ -79,6 +79,6 @@ async def test_cache_stays_within_its_bound(conn: AsyncConnection) -> None:
         heads[sid] = parent
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
         for sid in sessions:
-            await cache.view_rows(db, sid, heads[sid])
+            await cache.view_records(db, sid, heads[sid])
     assert cache.size <= 5
     assert list(cache.entries) == sessions[1:]

@@ -231,7 +231,7 @@ async def test_context_collapse_projects_finished_spans(
 ) -> None:
     import asyncio
 
-    from app.engine.compaction import COLLAPSE_INSTRUCTION
+    from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION
 
     def responder(body: dict[str, Any]) -> dict[str, Any]:
         if COLLAPSE_INSTRUCTION in last_user_text(body):

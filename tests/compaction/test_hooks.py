@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from app.engine.compaction import CompactionEvent, CompactionHooks
+from app.engine.hooks import CompactionEvent, CompactionHooks
 from tests.conftest import free_port, live_server
 from tests.runs.helpers import new_session
 
@@ -58,7 +58,7 @@ async def test_hooks_and_webhook(database_url: str, engine: AsyncEngine) -> None
             server.client() as client,
         ):
             recorder = Recorder()
-            server.runtime.compaction_hooks[:0] = [Broken(), recorder]
+            server.runtime.resources.hooks[:0] = [Broken(), recorder]
             sid = await new_session(client)
             for i in range(4):
                 await client.post(f"/sessions/{sid}/messages", json={"content": f"msg {i} " * 80})

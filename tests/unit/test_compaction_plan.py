@@ -9,27 +9,38 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from app.context.collapse import apply_collapses, plan_collapse_spans
+from app.context.compaction import KEEP_SHARE, NothingToCompact, budget, plan_compaction
 from app.context.cut import split_pairs
+from app.context.estimates import view_estimate
 from app.context.micro import apply_micro, plan_micro
 from app.context.normalize import normalize_for_api, validate_api_messages
+from app.context.session import CompactionConfig, SessionConfig
 from app.context.tokens import estimate_messages
 from app.context.tools import COMPACTABLE_BUILTINS
 from app.context.types import COMPACT_SUMMARY, USER, Node
-from app.conversation.views import ChainView
-from app.engine.compaction import (
-    KEEP_SHARE,
-    SUMMARY_MAX_TOKENS,
-    NothingToCompact,
-    budget,
-    plan_compaction,
-    view_estimate,
-)
-from app.models import AgentSession
+from app.engine.compaction.summary import SUMMARY_MAX_TOKENS
 from tests.unit.strategies import agent_histories, histories, node, text
 
 
-def session() -> AgentSession:
-    return AgentSession(model="claude-haiku-4-5", system="be brief", tools=[], builtin_tools=[])
+def session() -> SessionConfig:
+    compaction = CompactionConfig(
+        auto=True,
+        threshold_tokens=None,
+        context_window=None,
+        keep_recent_tool_results=5,
+        micro_batch_tokens=20_000,
+        micro=True,
+        collapse_at=0.9,
+    )
+    return SessionConfig(
+        model="claude-haiku-4-5",
+        system="be brief",
+        tools=[],
+        builtin_tools=[],
+        max_tokens=None,
+        thinking=None,
+        compaction=compaction,
+    )
 
 
 def summary_node() -> Node:
@@ -73,9 +84,8 @@ def test_compacted_view_is_valid_and_fits(
     history: list[Node], threshold: int, micro: bool, collapse: bool
 ) -> None:
     nodes = projected(history, micro, collapse)
-    view = ChainView(rows=[], nodes=nodes, watermark=None, projected=nodes)
     try:
-        plan = plan_compaction(session(), view, threshold)
+        plan = plan_compaction(session(), nodes, nodes, [], threshold)
     except NothingToCompact:
         event("nothing to compact")
         return

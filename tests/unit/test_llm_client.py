@@ -18,7 +18,7 @@ import pytest
 
 from app.config import Settings
 from app.engine.llm.assembler import MessageAssembler
-from app.engine.llm.client import AnthropicClient, make_model_client
+from app.engine.llm.client import AnthropicClient
 from app.engine.llm.errors import ModelError, PromptTooLong
 from app.engine.llm.events import (
     MessageDone,
@@ -28,6 +28,7 @@ from app.engine.llm.events import (
     ToolUseReady,
 )
 from app.engine.llm.offline import OfflineModel
+from app.engine.llm.provider import make_model_client
 
 BODY: dict[str, Any] = {
     "model": "claude-sonnet-4-5",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.engine.llm.models import OFFLINE_MODEL, is_known_model, model_info
+from app.context.models import OFFLINE_MODEL, is_known_model, model_info
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,6 @@ inserts it. The rules:
 """
 
 from app.conversation.transcripts.export import export_rows, render
-from app.conversation.transcripts.importer import store_tree
-from app.conversation.transcripts.reader import read_transcript
-from app.conversation.transcripts.tree import build_tree
+from app.conversation.transcripts.importer import import_session
 
-__all__ = ["build_tree", "export_rows", "read_transcript", "render", "store_tree"]
+__all__ = ["export_rows", "import_session", "render"]

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY
-from app.conversation.store import chain_rows
+from app.conversation import store
+from app.conversation.records import MessageRecord
 from app.models import AgentSession
 
 BOUNDARY_TEXT = "Conversation compacted"  # what Claude Code writes on its boundary lines
@@ -36,7 +37,7 @@ def _text_of(content: Any) -> str:
     )
 
 
-def _message(row: Any) -> dict[str, Any]:
+def _message(row: MessageRecord) -> dict[str, Any]:
     role = row.role or "user"
     if role != "assistant":
         return {"role": role, "content": row.content}
@@ -53,7 +54,7 @@ def _message(row: Any) -> dict[str, Any]:
     }
 
 
-def _system_fields(row: Any) -> dict[str, Any]:
+def _system_fields(row: MessageRecord) -> dict[str, Any]:
     if row.subtype != COMPACT_BOUNDARY:
         return {"subtype": row.subtype, "content": _text_of(row.content), "level": "info"}
     meta = row.metadata or {}
@@ -65,7 +66,7 @@ def _system_fields(row: Any) -> dict[str, Any]:
     }
 
 
-def export_line(row: Any, session_id: str) -> dict[str, Any]:
+def export_line(row: MessageRecord, session_id: str) -> dict[str, Any]:
     """One stored message as a Claude Code transcript line."""
     line: dict[str, Any] = {
         "type": row.type,
@@ -88,12 +89,12 @@ def export_line(row: Any, session_id: str) -> dict[str, Any]:
     return line
 
 
-async def export_rows(db: AsyncSession, session: AgentSession) -> Sequence[Any]:
+async def export_rows(db: AsyncSession, session: AgentSession) -> list[MessageRecord]:
     """The session's full chain, root to head, oldest first."""
-    return await chain_rows(db, session.head_uuid, full=True)
+    return await store.chain(db, session.head_uuid, full=True)
 
 
-async def render(rows: Iterable[Any], session_id: uuid.UUID) -> AsyncIterator[bytes]:
+async def render(rows: Iterable[MessageRecord], session_id: uuid.UUID) -> AsyncIterator[bytes]:
     """The rows as JSONL, a few lines per chunk (never the whole file as one string)."""
     sid = str(session_id)
     batch: list[str] = []

@@ -5,18 +5,22 @@ order."""
 from __future__ import annotations
 
 import uuid
-from typing import Any, cast
+from collections.abc import AsyncIterable
+from typing import Any
 
-from sqlalchemy import Table, insert
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.conversation.store import new_row
-from app.conversation.transcripts.tree import Draft
-from app.models import AgentSession, Message, utcnow
+from app.config import Settings
+from app.conversation import sessions
+from app.conversation.records import MessageRecord, new_message
+from app.conversation.store import messages_t
+from app.conversation.transcripts.reader import read_transcript
+from app.conversation.transcripts.tree import Draft, build_tree
+from app.models import AgentSession, utcnow
+from app.schemas import SessionCreate
 
 INSERT_BATCH = 1_000
-# The Core table: SQLAlchemy types `__table__` as a FromClause, which insert() refuses.
-MESSAGES = cast(Table, Message.__table__)
 
 
 def _draft_meta(draft: Draft) -> dict[str, Any]:
@@ -30,17 +34,16 @@ def _draft_meta(draft: Draft) -> dict[str, Any]:
     return meta
 
 
-def _row(draft: Draft, drafts: list[Draft], session_id: uuid.UUID, seq: int) -> dict[str, Any]:
+def _record(draft: Draft, drafts: list[Draft], session_id: uuid.UUID, seq: int) -> MessageRecord:
     first, last = draft.lines[0], draft.lines[-1]
     content = (
         first.content
         if len(draft.lines) == 1
         else [block for line in draft.lines for block in line.content]
     )
-    row = new_row(
+    return new_message(
         session_id=session_id,
-        seq=seq,
-        message_uuid=draft.uuid,
+        uuid_=draft.uuid,
         parent_uuid=drafts[draft.parent].uuid if draft.parent is not None else None,
         logical_parent_uuid=(
             drafts[draft.logical_parent].uuid if draft.logical_parent is not None else None
@@ -53,10 +56,9 @@ def _row(draft: Draft, drafts: list[Draft], session_id: uuid.UUID, seq: int) -> 
         stop_reason=last.stop_reason,
         usage=last.usage,
         is_meta=first.is_meta,
-        meta=_draft_meta(draft),
-    )
-    row["created_at"] = first.created_at or row["created_at"]
-    return row
+        metadata=_draft_meta(draft),
+        created_at=first.created_at,
+    ).with_(seq=seq)
 
 
 def _seqs(drafts: list[Draft]) -> list[int]:
@@ -75,13 +77,33 @@ async def store_tree(
     seqs = _seqs(drafts)
     for start in range(0, len(drafts), INSERT_BATCH):
         batch = [
-            _row(drafts[i], drafts, session.id, seqs[i])
+            _record(drafts[i], drafts, session.id, seqs[i]).values()
             for i in range(start, min(start + INSERT_BATCH, len(drafts)))
         ]
-        # The Core table, not the ORM class: an ORM bulk insert maps keys to attribute
-        # names and would drop the `metadata` column (attribute `meta`) silently.
-        await db.execute(insert(MESSAGES), batch)
+        await db.execute(insert(messages_t), batch)
     session.message_seq = len(drafts)
     session.head_uuid = head.uuid
     session.updated_at = utcnow()
     await db.flush()
+
+
+async def import_session(
+    db: AsyncSession,
+    tenant: str,
+    settings: Settings,
+    chunks: AsyncIterable[bytes],
+    *,
+    title: str | None,
+    model: str | None,
+) -> AgentSession:
+    """A new session holding the transcript read from `chunks`, ready to be continued."""
+    transcript = await read_transcript(chunks)
+    drafts, head = build_tree(transcript)
+    body = SessionCreate(
+        title=title or transcript.title,
+        model=model or transcript.model() or settings.model,
+        metadata={"imported": {"source_session_id": transcript.source_session_id}},
+    )
+    session = await sessions.create(db, tenant, body, settings)
+    await store_tree(db, session, drafts, head)
+    return session

@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
 from app.context.collapse import plan_collapse_spans
+from app.context.limits import Limits
+from app.context.projection import span_indices
 from app.context.render import render_for_summary
-from app.context.summary_prompt import (
-    extract_summary,
-)
+from app.context.summary_prompt import extract_summary
 from app.context.tokens import chars_to_tokens
-from app.conversation.sessions import Limits, estimated_tokens
-from app.conversation.views import load_view, span_indices
+from app.conversation import marks, sessions
+from app.conversation.views import load_view
 from app.engine.compaction.summary import CompactionFailed, complete
 from app.engine.llm.errors import ModelError
-from app.models import AgentSession, Collapse
-
-if TYPE_CHECKING:
-    from app.engine.runtime import Runtime
+from app.engine.resources import Resources
+from app.models import AgentSession
 
 log = logging.getLogger("parley.compaction")
 
@@ -31,44 +28,37 @@ COLLAPSE_INSTRUCTION = (
 )
 
 
-async def collapse_spans(rt: Runtime, session_id: uuid.UUID, *, max_spans: int = 3) -> int:
+async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spans: int = 3) -> int:
     """Summarise older completed spans of the chain into collapse rows (not applied yet).
     Runs only once the session is past half of the collapse point, so short sessions
     never pay for it. Returns how many spans were summarised."""
-    async with rt.db.sessionmaker() as db:
+    async with resources.db.sessionmaker() as db:
         session = await db.get(AgentSession, session_id)
         if session is None:
             return 0
-        limits = Limits(session, rt.settings)
+        config = sessions.config_of(session, resources.settings)
+        limits = Limits.of(config)
         # The cheap estimate first (three columns of the chain): most sessions stop here.
-        estimate = await estimated_tokens(db, session)
+        estimate = await sessions.estimated_tokens(db, resources.views, session, config)
         if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
             return 0
-        view = await load_view(db, session)
+        view = await load_view(
+            db, resources.views, session_id, session.head_uuid, config.compactable
+        )
     existing = [(start, end) for start, end, _ in span_indices(view.nodes, view.collapses)]
     spans = plan_collapse_spans(view.nodes, skip=existing)[:max_spans]
     done = 0
+    model = resources.settings.compaction_model or session.model
     for start, end in spans:
         nodes = view.nodes[start : end + 1]
+        prompt = f"{COLLAPSE_INSTRUCTION}\n\n<work>\n{render_for_summary(nodes)}\n</work>"
         body = {
-            "model": rt.settings.compaction_model or session.model,
+            "model": model,
             "max_tokens": 1024,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "text",
-                            "text": (
-                                f"{COLLAPSE_INSTRUCTION}\n\n<work>\n{render_for_summary(nodes)}\n</work>"
-                            ),
-                        }
-                    ],
-                }
-            ],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": prompt}]}],
         }
         try:
-            result = await complete(rt, body)
+            result = await complete(resources, body)
         except (CompactionFailed, ModelError) as exc:
             log.warning("collapse summary failed: %s", exc)
             break
@@ -79,16 +69,15 @@ async def collapse_spans(rt: Runtime, session_id: uuid.UUID, *, max_spans: int =
         saved = sum(n.token_estimate for n in nodes) - chars_to_tokens(len(text)) - 10
         if saved <= 0:
             continue
-        async with rt.db.transaction() as db:
-            db.add(
-                Collapse(
-                    session_id=session_id,
-                    start_uuid=uuid.UUID(nodes[0].uuid),
-                    end_uuid=uuid.UUID(nodes[-1].uuid),
-                    summary=text,
-                    tokens_saved=saved,
-                    model=body["model"],
-                )
+        async with resources.db.transaction() as db:
+            marks.add_collapse(
+                db,
+                session_id,
+                start_uuid=uuid.UUID(nodes[0].uuid),
+                end_uuid=uuid.UUID(nodes[-1].uuid),
+                summary=text,
+                tokens_saved=saved,
+                model=model,
             )
         done += 1
     return done

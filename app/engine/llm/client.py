@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from app.config import Settings
 
-__all__ = ["AnthropicClient", "ModelClient", "make_model_client"]
+__all__ = ["AnthropicClient", "ModelClient"]
 
 
 @runtime_checkable
@@ -169,12 +169,3 @@ def _stream_error(data: str, request_id: str | None) -> ModelError:
     except ValueError:
         body = data
     return error_from_body(200, body, request_id=request_id, fallback_message=data)
-
-
-def make_model_client(settings: Settings) -> ModelClient:
-    """The client `settings.provider` names: Anthropic, or the offline stand-in."""
-    if settings.provider == "anthropic":
-        return AnthropicClient.from_settings(settings)
-    from .offline import OfflineModel
-
-    return OfflineModel()

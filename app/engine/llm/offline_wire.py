@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
-from .models import OFFLINE_MODEL
+from app.context.models import OFFLINE_MODEL
 
 __all__ = ["CHARS_PER_TOKEN", "ReplyBlock", "render_wire_events"]
 

@@ -1,23 +1,31 @@
-"""Delivering a run to an HTTP client: as an SSE stream, as 202 + Run, or by waiting."""
+"""Delivering a run to an HTTP client: as an SSE stream, as 202 + Run, or by waiting.
+
+The answers are built when the route returns but act only when they are sent, after
+the request's transaction has committed and the run was launched: a stream follows the
+run's event log, a wait-mode answer waits for the run to settle, then reads its outcome.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 import anyio
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from app import metrics
 from app.conversation.payloads import message_out, run_out
+from app.conversation.records import MessageRecord
+from app.domain import RunStatus
+from app.engine import runs
 from app.engine.events import SHUTDOWN
 from app.engine.runtime import Runtime
-from app.models import Message, Run
+from app.models import Run
 from app.schemas import TurnResult
 
 Mode = Literal["stream", "background", "wait"]
@@ -39,9 +47,9 @@ def delivery_mode(request: Request, *, stream: bool, background: bool) -> Mode:
 def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceResponse:
     shutdown = anyio.Event()
 
-    async def status() -> str | None:
+    async def status() -> RunStatus | None:
         async with runtime.db.sessionmaker() as db:
-            return await db.scalar(select(Run.status).where(Run.id == run_id))
+            return await runs.status_of(db, run_id)
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         metrics.sse_streams.inc()
@@ -66,28 +74,41 @@ def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceRe
     )
 
 
-async def deliver(
-    runtime: Runtime, run: Run, mode: Mode, *, after_seq: int = 0, messages_after: int = 0
+class SettledResponse(Response):
+    """An answer sent once a run has settled (finished, or paused for client tools)."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        run_id: uuid.UUID,
+        build: Callable[[Run, list[MessageRecord]], Response],
+        messages_from: int = 0,
+    ) -> None:
+        super().__init__(media_type="application/json")
+        self.runtime = runtime
+        self.run_id = run_id
+        self.build = build
+        self.messages_from = messages_from
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.runtime.supervisor.wait_settled(self.run_id)
+        async with self.runtime.db.sessionmaker() as db:
+            run, records = await runs.outcome(db, self.run_id, messages_from=self.messages_from)
+        response = self.build(run, records)
+        await response(scope, receive, send)
+
+
+def _turn_result(run: Run, records: list[MessageRecord]) -> Response:
+    result = TurnResult(run=run_out(run), messages=[message_out(r) for r in records])
+    return JSONResponse(result.model_dump(mode="json"))
+
+
+def deliver(
+    runtime: Runtime, run: Run, mode: Mode, *, after_seq: int = 0, messages_from: int = 0
 ) -> Response:
     """Answer a started (or retried) run in the client's mode."""
     if mode == "stream":
         return sse_stream(runtime, run.id, after_seq)
     if mode == "background":
         return JSONResponse(run_out(run).model_dump(mode="json"), status_code=202)
-    await runtime.runs.wait_settled(run.id)
-    return JSONResponse(await turn_result(runtime, run.id, messages_after))
-
-
-async def turn_result(runtime: Runtime, run_id: uuid.UUID, after_seq: int) -> dict[str, Any]:
-    async with runtime.db.sessionmaker() as db:
-        run = await db.get(Run, run_id)
-        assert run is not None
-        rows = (
-            await db.execute(
-                select(Message.__table__)
-                .where(Message.run_id == run_id, Message.seq >= after_seq)
-                .order_by(Message.seq)
-            )
-        ).all()
-    result = TurnResult(run=run_out(run), messages=[message_out(row) for row in rows])
-    return result.model_dump(mode="json")
+    return SettledResponse(runtime, run.id, _turn_result, messages_from)

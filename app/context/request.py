@@ -1,18 +1,17 @@
-"""The exact body of a Messages API request, built from a session and its view."""
+"""The exact body of a Messages API request, built from a session's settings and its view."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from app.context.cache import add_cache_breakpoints
+from app.context.limits import max_tokens_of
 from app.context.normalize import normalize_for_api
-from app.context.tools import tool_definitions
-from app.context.types import Node
-from app.conversation.sessions import default_max_tokens
-from app.models import AgentSession
+from app.context.session import SessionConfig
+from app.context.types import Block, Node
 
 
-def system_blocks(system: Any) -> list[dict[str, Any]] | None:
+def system_blocks(system: str | list[Block] | None) -> list[Block] | None:
     if not system:
         return None
     if isinstance(system, str):
@@ -20,36 +19,32 @@ def system_blocks(system: Any) -> list[dict[str, Any]] | None:
     return [dict(block) for block in system]
 
 
-def max_tokens_of(session: AgentSession) -> int:
-    return session.max_tokens or default_max_tokens(session.model)
-
-
 def build_body(
-    session: AgentSession,
+    config: SessionConfig,
     nodes: list[Node],
     *,
     model: str | None = None,
     tools: list[dict[str, Any]] | None = None,
-    system: Any = None,
+    system: str | list[Block] | None = None,
     thinking: bool = True,
 ) -> dict[str, Any]:
     """Normalise the view (invariant 4) and place cache breakpoints so the prefix of a
     growing conversation is read from the prompt cache turn after turn."""
     messages = normalize_for_api(nodes)
-    if tools is None:
-        tools = tool_definitions(session.builtin_tools or [], session.tools or [])
     system_out, tools_out, messages = add_cache_breakpoints(
-        system_blocks(session.system if system is None else system), tools, messages
+        system_blocks(config.system if system is None else system),
+        config.tool_definitions if tools is None else tools,
+        messages,
     )
     body: dict[str, Any] = {
-        "model": model or session.model,
-        "max_tokens": max_tokens_of(session),
+        "model": model or config.model,
+        "max_tokens": max_tokens_of(config),
         "messages": messages,
     }
     if system_out:
         body["system"] = system_out
     if tools_out:
         body["tools"] = tools_out
-    if thinking and session.thinking and session.thinking.get("type") != "disabled":
-        body["thinking"] = dict(session.thinking)
+    if thinking and config.thinking and config.thinking.get("type") != "disabled":
+        body["thinking"] = dict(config.thinking)
     return body

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Literal
 
 import httpx
-
-if TYPE_CHECKING:
-    from app.engine.runtime import Runtime
 
 log = logging.getLogger("parley.compaction")
 
@@ -26,7 +24,7 @@ class CompactionEvent:
 
 
 class CompactionHooks:
-    """Before/after-compaction hooks; subclass and register on `Runtime.compaction_hooks`.
+    """Before/after-compaction hooks; subclass and register on `Resources.hooks`.
     A hook that raises is logged and never stops a compaction."""
 
     async def before(self, event: CompactionEvent) -> None:
@@ -58,8 +56,10 @@ class WebhookHook(CompactionHooks):
             response.raise_for_status()
 
 
-async def call_hooks(rt: Runtime, stage: str, event: CompactionEvent) -> None:
-    for hook in rt.compaction_hooks:
+async def call_hooks(
+    hooks: Sequence[CompactionHooks], stage: Literal["before", "after"], event: CompactionEvent
+) -> None:
+    for hook in hooks:
         try:
             await getattr(hook, stage)(event)
         except Exception:

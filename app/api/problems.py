@@ -1,0 +1,134 @@
+"""Every error answer as RFC 9457 problem details (`application/problem+json`).
+
+The one place where domain errors (`app.errors`) and framework errors (unknown routes,
+bad JSON, validation, the streamed body limit) become HTTP answers. Anything else that
+escapes is a 500 problem without a trace, rendered by `middleware.RequestContextMiddleware`.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from app.errors import (
+    Conflict,
+    DomainError,
+    Invalid,
+    NotFound,
+    Unauthorized,
+    Unavailable,
+    UpstreamFailed,
+)
+
+PROBLEM_JSON = "application/problem+json"
+
+# status, problem type and title of each domain error
+DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
+    Invalid: (422, "invalid_request", "Invalid request"),
+    Unauthorized: (401, "unauthorized", "Unauthorized"),
+    NotFound: (404, "not_found", "Not found"),
+    Conflict: (409, "conflict", "Conflict"),
+    UpstreamFailed: (502, "upstream_error", "Model API failed"),
+    Unavailable: (503, "unavailable", "Service unavailable"),
+}
+
+# problem types of the framework's own HTTP errors (unknown route, wrong method, body limit)
+_SLUG_BY_STATUS = {
+    400: "invalid_request",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+}
+TOO_LARGE_TITLE = "Payload too large"
+
+
+def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> dict[str, Any]:
+    return {"type": slug, "title": title, "status": status, "detail": detail, **extra}
+
+
+def problem_response(
+    status: int,
+    slug: str,
+    title: str,
+    detail: str,
+    *,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    body = problem(status, slug, title, detail, **extra)
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
+    """The status and problem document of a domain error."""
+    status, slug, title = next(
+        spec for kind, spec in DOMAIN_PROBLEMS.items() if isinstance(exc, kind)
+    )
+    extra = dict(exc.extra)
+    if exc.errors is not None:
+        extra["errors"] = exc.errors
+    return status, problem(status, slug, title, exc.detail, **extra)
+
+
+async def _on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, DomainError)
+    status, body = domain_problem(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    status = exc.status_code
+    phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "Error"
+    title = TOO_LARGE_TITLE if status == 413 else phrase
+    detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else None
+    if status == 404 and (detail is None or detail == "Not Found"):
+        detail = f"No route for {request.method} {request.url.path}"
+    elif status == 405:
+        detail = f"Method {request.method} is not allowed on {request.url.path}"
+    return problem_response(
+        status,
+        _SLUG_BY_STATUS.get(status, "error"),
+        title,
+        detail or phrase,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
+    return [
+        {
+            "loc": [str(part) for part in err.get("loc", ())],
+            "msg": str(err.get("msg", "")),
+            "type": str(err.get("type", "")),
+        }
+        for err in exc.errors()
+    ]
+
+
+async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _validation_errors(exc)
+    if any(e["type"] == "json_invalid" for e in errors):
+        return problem_response(
+            400, "invalid_request", "Bad request", "The request body is not valid JSON"
+        )
+    return problem_response(
+        422,
+        "invalid_request",
+        "Invalid request",
+        "The request is not valid; see errors",
+        errors=errors,
+    )
+
+
+def install_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(DomainError, _on_domain_error)
+    app.add_exception_handler(HTTPException, _on_http_exception)
+    app.add_exception_handler(RequestValidationError, _on_validation)

@@ -1,0 +1,89 @@
+"""How full a session's context is, what fills it, and the next request's exact body."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.config import Settings
+from app.context.compaction import NothingToCompact, plan_compaction
+from app.context.estimates import anchored_estimate
+from app.context.limits import Limits
+from app.context.request import build_body
+from app.context.tokens import estimate_content, estimate_system, estimate_tools
+from app.context.types import COMPACT_SUMMARY
+from app.conversation import store
+from app.conversation.sessions import config_of
+from app.conversation.views import ChainCache, load_view
+from app.errors import Invalid
+from app.models import AgentSession
+from app.schemas import ContextOut
+
+
+async def context_report(
+    db: AsyncSession, session: AgentSession, settings: Settings, views: ChainCache
+) -> ContextOut:
+    config = config_of(session, settings)
+    limits = Limits.of(config)
+    view = await load_view(db, views, session.id, session.head_uuid, config.compactable)
+    estimated = anchored_estimate(config, view.records)
+    tool_results = 0
+    messages = 0
+    for node in view.projected:
+        for block in node.content:
+            tokens = estimate_content([block])
+            if block.get("type") == "tool_result":
+                tool_results += tokens
+            else:
+                messages += tokens
+    last = None
+    first = view.records[0] if view.records else None
+    if first is not None and first.subtype == COMPACT_SUMMARY and first.parent_uuid:
+        boundary = await store.get_message(db, session.id, first.parent_uuid)
+        if boundary is not None:
+            last = {
+                "boundary_uuid": str(boundary.uuid),
+                "summary_uuid": str(first.uuid),
+                "created_at": boundary.created_at.isoformat(),
+                **(boundary.metadata or {}),
+            }
+    return ContextOut.model_validate(
+        {
+            "estimated_tokens": estimated,
+            "context_window": limits.context_window,
+            "max_output_tokens": limits.max_output_tokens,
+            "auto_compact_threshold": limits.auto_compact_threshold,
+            "warning_threshold": limits.warning_threshold,
+            "percent_used": round(100 * estimated / limits.context_window, 2),
+            "breakdown": {
+                "system": estimate_system(config.system),
+                "tools": estimate_tools(config.tool_definitions),
+                "messages": messages,
+                "tool_results": tool_results,
+            },
+            "last_compaction": last,
+        }
+    )
+
+
+async def next_request(
+    db: AsyncSession, session: AgentSession, settings: Settings, views: ChainCache
+) -> dict[str, Any]:
+    """The exact JSON body of the next model request, built but not sent."""
+    config = config_of(session, settings)
+    view = await load_view(db, views, session.id, session.head_uuid, config.compactable)
+    return build_body(config, view.projected)
+
+
+async def check_compactable(
+    db: AsyncSession, session: AgentSession, settings: Settings, views: ChainCache
+) -> None:
+    """422 before starting a manual compaction that could not compact anything."""
+    config = config_of(session, settings)
+    view = await load_view(db, views, session.id, session.head_uuid, config.compactable)
+    threshold = Limits.of(config).auto_compact_threshold
+    try:
+        plan_compaction(config, view.projected, view.nodes, view.collapses, threshold)
+    except NothingToCompact as exc:
+        raise Invalid(str(exc)) from exc

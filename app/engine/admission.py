@@ -1,0 +1,236 @@
+"""Admitting work into the engine: posting a turn (with its idempotency key and `if_busy`),
+regenerating a reply, a manual compaction, a client's tool results, and cancelling.
+
+Each call works inside the request's transaction: it stores what the client sent and
+claims the session (or queues the turn), and registers the launch of the run for after
+the commit, so a run never starts on rows that might still roll back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
+
+from app import metrics
+from app.conversation import history
+from app.conversation.payloads import result_events
+from app.db import after_commit
+from app.domain import (
+    FINAL_RUN_STATUSES,
+    IfBusy,
+    RunKind,
+    RunParams,
+    RunState,
+    RunStatus,
+    ToolResult,
+)
+from app.engine import runs
+from app.engine.resources import Resources
+from app.engine.supervisor import Supervisor
+from app.engine.tools.builtin import truncate_middle
+from app.errors import Conflict, Invalid
+from app.models import AgentSession, Run
+from app.schemas import ToolResultsIn
+
+
+def request_hash(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class Admission:
+    def __init__(self, resources: Resources, supervisor: Supervisor) -> None:
+        self.resources = resources
+        self.supervisor = supervisor
+
+    def _launch_after_commit(self, db: AsyncSession, run: Run, session: AgentSession) -> None:
+        if run.status == RunStatus.RUNNING:
+            after_commit(db, lambda: self.supervisor.launch(run, session))
+
+    # --- turns ---------------------------------------------------------------------
+
+    async def find_idempotent(
+        self, db: AsyncSession, session_id: uuid.UUID, key: str | None, digest: str
+    ) -> Run | None:
+        """The run a retried post already made, if any; 422 when the key was used with
+        another body."""
+        if not key:
+            return None
+        run = await runs.by_idempotency_key(db, session_id, key)
+        if run is not None and run.request_hash != digest:
+            raise Invalid.field(
+                ["header", "Idempotency-Key"],
+                "reused with another body",
+                "This Idempotency-Key was used with a different request body",
+            )
+        return run
+
+    async def post_turn(
+        self,
+        db: AsyncSession,
+        session: AgentSession,
+        *,
+        content: str | list[dict[str, Any]],
+        parent_uuid: uuid.UUID | None,
+        if_busy: IfBusy,
+        idempotency_key: str | None,
+        digest: str,
+    ) -> Run:
+        """The run of a posted turn: the one an idempotent retry already made, or a new
+        one, claimed (running) or queued."""
+        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
+        if run is not None:
+            return run
+        return await self.submit(
+            db,
+            session,
+            RunParams(content=content, parent_uuid=parent_uuid),
+            if_busy=if_busy,
+            idempotency_key=idempotency_key,
+            digest=digest,
+        )
+
+    async def regenerate(
+        self, db: AsyncSession, session: AgentSession, message_uuid: uuid.UUID
+    ) -> Run:
+        """A new reply as a sibling of assistant message `message_uuid`."""
+        record = await history.message(db, session.id, message_uuid)
+        if record.role != "assistant" or record.parent_uuid is None:
+            raise Invalid("Only an assistant reply with a parent can be regenerated")
+        params = RunParams(parent_uuid=record.parent_uuid, regenerate=message_uuid)
+        return await self.submit(db, session, params)
+
+    async def compact(
+        self, db: AsyncSession, session: AgentSession, instructions: str | None
+    ) -> Run:
+        """A manual compaction: a run of kind `compact` that holds the session."""
+        return await self.submit(
+            db, session, RunParams(instructions=instructions), kind=RunKind.COMPACT
+        )
+
+    async def submit(
+        self,
+        db: AsyncSession,
+        session: AgentSession,
+        params: RunParams,
+        *,
+        kind: RunKind = RunKind.TURN,
+        if_busy: IfBusy = IfBusy.REJECT,
+        idempotency_key: str | None = None,
+        digest: str = "",
+    ) -> Run:
+        """Store the turn and claim the session, or queue it (`enqueue`), or cancel the
+        active run first (`interrupt`). The run is launched after the commit."""
+        if params.parent_uuid is not None:
+            await history.message(db, session.id, params.parent_uuid)
+        # `reject` relies on the database alone (the claim fails if a run is active).
+        active = None if if_busy == IfBusy.REJECT else await runs.active(db, session.id)
+        if active is not None and if_busy == IfBusy.INTERRUPT:
+            await self.cancel(db, session, active, reason="interrupted by a newer turn")
+            await db.flush()
+        run = Run(
+            id=uuid.uuid4(),
+            session_id=session.id,
+            kind=kind,
+            status=RunStatus.QUEUED,
+            params=params,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            usage={},
+            state=RunState(),
+            last_event_seq=0,
+            created_at=runs.now(),
+        )
+        if active is not None and if_busy == IfBusy.ENQUEUE:
+            db.add(run)
+            await db.flush()
+            return run
+        resources = self.resources
+        await runs.claim(
+            db,
+            resources.events,
+            session,
+            run,
+            worker_id=resources.worker_id,
+            lease_seconds=resources.settings.run_lease_seconds,
+        )
+        self._launch_after_commit(db, run, session)
+        return run
+
+    # --- client tools ----------------------------------------------------------------
+
+    async def submit_tool_results(
+        self, db: AsyncSession, session: AgentSession, run: Run, body: ToolResultsIn
+    ) -> int:
+        """Store the client's answers with the results computed before the pause and
+        make the run `running` again; launched after the commit. Returns the seq of the
+        stored message (the wait-mode answer lists the run's messages from there)."""
+        if run.status != RunStatus.REQUIRES_ACTION or not run.required_action:
+            raise Conflict(f"Run {run.id} is {run.status}, not waiting for tool results")
+        pending = [use["id"] for use in run.required_action.get("tool_uses", [])]
+        given = [result.tool_use_id for result in body.results]
+        if sorted(given) != sorted(pending):
+            raise Invalid.field(
+                ["body", "results"],
+                "must match pending tool uses",
+                f"results must answer exactly the pending tool uses {pending}; got {given}",
+            )
+        limit = self.resources.settings.tool_result_max_chars
+        known = dict(run.state.results)
+        for result in body.results:
+            content = result.content
+            if isinstance(content, str):
+                content = truncate_middle(content, limit)
+            known[result.tool_use_id] = ToolResult(content=content, is_error=result.is_error)
+        record = await runs.answer_open_tool_uses(
+            db, session.id, session.head_uuid, run.id, runs.INTERRUPTED_TOOL_TEXT, known
+        )
+        run.status = RunStatus.RUNNING
+        run.required_action = None
+        run.worker_id = self.resources.worker_id
+        run.lease_expires_at = runs.lease_deadline(self.resources.settings.run_lease_seconds)
+        run.state = run.state.model_copy(update={"results": {}})
+        if record is not None:
+            set_committed_value(session, "head_uuid", record.uuid)
+            await runs.append_events(
+                db, self.resources.events, run, result_events(record), after=None
+            )
+        await db.flush()
+        self._launch_after_commit(db, run, session)
+        return record.seq if record is not None else 0
+
+    # --- cancelling --------------------------------------------------------------------
+
+    async def cancel(
+        self, db: AsyncSession, session: AgentSession, run: Run, *, reason: str = "cancelled"
+    ) -> Run:
+        """Stop a run, keeping what it produced and leaving the history valid.
+        Idempotent: a finished run is returned unchanged."""
+        if run.status in FINAL_RUN_STATUSES:
+            return run
+        if run.status == RunStatus.RUNNING and await self.supervisor.cancel_local(run.id, reason):
+            await db.refresh(run)
+            await db.refresh(session)
+            return run
+        if run.status == RunStatus.REQUIRES_ACTION:
+            await runs.answer_open_tool_uses(
+                db,
+                session.id,
+                session.head_uuid,
+                run.id,
+                runs.CANCELLED_TOOL_TEXT,
+                run.state.results,
+            )
+        await runs.end(db, self.resources.events, run, RunStatus.CANCELLED)
+        self.resources.events.wake(run.id)
+        metrics.runs_total.labels(run.kind, "cancelled").inc()
+        return run
+
+    async def cancel_all(self, db: AsyncSession, session: AgentSession, *, reason: str) -> None:
+        """Cancel every active or queued run of the session (it is being deleted)."""
+        for run in await runs.unfinished(db, session.id):
+            await self.cancel(db, session, run, reason=reason)

@@ -1,0 +1,100 @@
+"""Running the tool calls of one model response.
+
+Built-in tools run here against the session's workspace; consecutive read-only ones run
+concurrently, a writing tool alone and in order, each in its own transaction (its file
+changes commit on their own; the result message follows in the loop's next step).
+Client tools are left waiting for the client; a call to a tool the session does not
+offer, or one cut off by the output limit, is answered with an error the model can act on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+
+from app import metrics
+from app.context.session import SessionConfig
+from app.context.tools import READ_ONLY_TOOLS, client_tool_names
+from app.context.types import Block
+from app.conversation.files import DbWorkspace
+from app.db import Database
+from app.domain import ToolResult
+from app.engine.tools.builtin import run_builtin, truncate_middle
+
+TRUNCATED_TOOL_TEXT = (
+    "The input of this tool call was cut off by the output token limit, so the tool did not "
+    "run. Call it again with a shorter input."
+)
+
+
+@dataclass
+class ToolRound:
+    """The tool calls of one response: results so far (filled in as tools finish, so a
+    cancel keeps what ran) and the client calls left waiting."""
+
+    uses: list[Block]
+    results: dict[str, ToolResult] = field(default_factory=dict)
+    waiting: list[Block] = field(default_factory=list)
+
+    def result_blocks(self) -> list[Block]:
+        return [
+            {
+                "type": "tool_result",
+                "tool_use_id": use["id"],
+                "content": self.results[use["id"]].content,
+                "is_error": self.results[use["id"]].is_error,
+            }
+            for use in self.uses
+        ]
+
+
+def plan_round(
+    config: SessionConfig, uses: list[Block], truncated: set[str]
+) -> tuple[ToolRound, list[Block]]:
+    """The round, and the built-in calls it must run."""
+    builtin = set(config.builtin_tools)
+    client = client_tool_names(config.tools)
+    round_ = ToolRound(uses)
+    to_run: list[Block] = []
+    for use in uses:
+        if use["id"] in truncated:
+            round_.results[use["id"]] = ToolResult(content=TRUNCATED_TOOL_TEXT, is_error=True)
+        elif use["name"] in builtin:
+            to_run.append(use)
+        elif use["name"] in client:
+            round_.waiting.append(use)
+        else:
+            round_.results[use["id"]] = ToolResult(
+                content=f"Unknown tool {use['name']!r}: it is not available in this session",
+                is_error=True,
+            )
+    return round_, to_run
+
+
+async def run_builtins(
+    db: Database, session_id: uuid.UUID, uses: list[Block], round_: ToolRound, max_chars: int
+) -> None:
+    """Consecutive read-only tools run concurrently; a writing tool runs alone, in order."""
+    batch: list[Block] = []
+    for use in [*uses, None]:
+        if use is not None and use["name"] in READ_ONLY_TOOLS:
+            batch.append(use)
+            continue
+        if batch:
+            outcomes = await asyncio.gather(
+                *(_run_one(db, session_id, u, max_chars) for u in batch)
+            )
+            round_.results.update(zip((u["id"] for u in batch), outcomes, strict=True))
+            batch = []
+        if use is not None:
+            round_.results[use["id"]] = await _run_one(db, session_id, use, max_chars)
+
+
+async def _run_one(db: Database, session_id: uuid.UUID, use: Block, max_chars: int) -> ToolResult:
+    async with db.transaction() as tx:
+        outcome = await run_builtin(use["name"], use["input"], DbWorkspace(tx, session_id))
+    metrics.tool_calls.labels(use["name"], str(outcome.is_error).lower()).inc()
+    return ToolResult(
+        content=truncate_middle(outcome.content, max_chars), is_error=outcome.is_error
+    )
