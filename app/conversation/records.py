@@ -9,6 +9,7 @@ in `models.Message`, a migration, and here.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
@@ -41,7 +42,7 @@ class MessageRecord:
     created_at: datetime = field(default_factory=utcnow)
 
     @classmethod
-    def from_row(cls, row: Any) -> MessageRecord:
+    def from_row(cls, row: Sequence[Any]) -> MessageRecord:
         """From a result row whose first columns are `COLUMNS` (extra ones ignored)."""
         return cls(*row[:COLUMN_COUNT])
 

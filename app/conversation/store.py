@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import Table, Uuid, bindparam, func, insert, literal, select, update
+from sqlalchemy import Row, Select, Table, Uuid, bindparam, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversation.records import COLUMNS, MessageRecord
@@ -37,7 +37,7 @@ class UsageRow(NamedTuple):
 
 
 @lru_cache(maxsize=16)
-def _chain_query(full: bool, usage_only: bool, stop: bool) -> Any:
+def _chain_query(full: bool, usage_only: bool, stop: bool) -> Select[Any]:
     """Built once per shape (statement construction is a real share of a turn's CPU);
     the head (and `stop`, a node the walk does not climb past) are bound parameters.
     Rows come unordered with their depth: sorting them in Python is cheaper than
@@ -75,7 +75,7 @@ def _chain_query(full: bool, usage_only: bool, stop: bool) -> Any:
 
 async def _walk(
     db: AsyncSession, head: uuid.UUID, full: bool, usage_only: bool, stop: uuid.UUID | None
-) -> list[Any]:
+) -> list[Row[Any]]:
     query = _chain_query(full, usage_only, stop is not None)
     params = {"head": head} if stop is None else {"head": head, "stop": stop}
     rows = list(await db.execute(query, params))
@@ -98,7 +98,7 @@ async def chain_usage(db: AsyncSession, head: uuid.UUID | None) -> list[UsageRow
     """The model view's chain, only what a token estimate reads."""
     if head is None:
         return []
-    return [UsageRow(*row[:3]) for row in await _walk(db, head, False, True, None)]
+    return [UsageRow(row[0], row[1], row[2]) for row in await _walk(db, head, False, True, None)]
 
 
 async def get_message(

@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from sqlalchemy import Table, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -40,6 +40,12 @@ log = logging.getLogger("parley.events")
 NOTIFY_CHANNEL = "parley_run_events"
 TERMINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 PAUSE_EVENT = "run.requires_action"
+
+
+class Waitable(Protocol):
+    """An event to wait for (asyncio's or anyio's)."""
+
+    async def wait(self) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +237,7 @@ class EventHub:
         after: int,
         *,
         status: Callable[[], Awaitable[str | None]],
-        stop: Any = None,
+        stop: Waitable | None = None,
         poll_seconds: float = 1.0,
     ) -> AsyncGenerator[StoredEvent, None]:
         """Every event after `after`, in order and without gaps, until the run ends or

@@ -55,9 +55,6 @@ USAGE_COUNTERS = (
     "cache_read_input_tokens",
     "cache_creation_input_tokens",
 )
-# Why a run's task was cancelled: `cancelled` by a client, `shutdown` of this process,
-# `external` when another replica finished it (cancelled or reaped) meanwhile.
-CancelReason = str
 
 
 class TurnRunner:
@@ -297,9 +294,11 @@ class TurnRunner:
         metrics.runs_total.labels(self.kind, status).inc()
         return True
 
-    async def stop_cancelled(self, reason: CancelReason | None) -> None:
+    async def stop_cancelled(self, reason: str | None) -> None:
         """Keep what was produced, answer open tool uses, end as cancelled (or as failed
-        `interrupted` when the server is shutting down)."""
+        `interrupted` when the server is shutting down). `reason` is the supervisor's:
+        `shutdown` of this process, `external` when another replica finished the run
+        meanwhile, or a client's cancel (`cancelled`, `interrupted by a newer turn`, ...)."""
         if reason == "external":
             return  # finished elsewhere (another replica cancelled or reaped it)
         partial = self.reply.take_partial()
@@ -346,7 +345,7 @@ class TurnRunner:
 async def execute(
     resources: Resources,
     run_id: uuid.UUID,
-    cancel_reason: Callable[[uuid.UUID], CancelReason | None],
+    cancel_reason: Callable[[uuid.UUID], str | None],
     run: Run | None = None,
     session: AgentSession | None = None,
 ) -> TurnRunner | None:
