@@ -75,7 +75,7 @@ def _chain_query(full: bool, usage_only: bool, stop: bool) -> Select[Any]:
 
 async def _walk(
     db: AsyncSession, head: uuid.UUID, full: bool, usage_only: bool, stop: uuid.UUID | None
-) -> list[Row[Any]]:
+) -> list[Row[*tuple[Any, ...]]]:
     query = _chain_query(full, usage_only, stop is not None)
     params = {"head": head} if stop is None else {"head": head, "stop": stop}
     rows = list(await db.execute(query, params))
@@ -98,7 +98,7 @@ async def chain_usage(db: AsyncSession, head: uuid.UUID | None) -> list[UsageRow
     """The model view's chain, only what a token estimate reads."""
     if head is None:
         return []
-    return [UsageRow(row[0], row[1], row[2]) for row in await _walk(db, head, False, True, None)]
+    return [UsageRow(*row[:3]) for row in await _walk(db, head, False, True, None)]
 
 
 async def get_message(
