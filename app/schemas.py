@@ -1,4 +1,4 @@
-"""Pydantic models of the HTTP contract (API.md). Requests forbid unknown fields."""
+"""Pydantic models of the HTTP contract (docs/api.md). Requests forbid unknown fields."""
 
 from __future__ import annotations
 

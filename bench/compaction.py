@@ -1,4 +1,4 @@
-"""Compaction (ARCHITECTURE.md "Compaction layers"): five measurements, each runnable alone.
+"""Compaction (docs/architecture.md, "Compaction"): five measurements, each runnable alone.
 
 1. micro: tokens micro-compaction alone frees on each real Claude Code transcript at its
    largest point (the chain up to its first compact boundary, or the whole chain),

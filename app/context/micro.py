@@ -2,7 +2,7 @@
 
 Tool output is most of a long agent session, and the results of Read, Glob, Grep,
 Write and Edit can be had again by calling the tool again. Clearing them frees a lot
-of context without a model call. It is a projection (ARCHITECTURE invariant 3): stored
+of context without a model call. It is a projection (docs/architecture.md, invariant 3): stored
 rows never change; a persisted watermark says "every compactable result up to this
 node is shown as `CLEARED_TOOL_RESULT`", and `apply_micro` draws that picture on every
 request. Because the watermark only moves forward and everything before it is drawn

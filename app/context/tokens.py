@@ -2,7 +2,7 @@
 
 There is no offline tokenizer for current Claude models, so the service anchors its
 figures on the usage the API reports for the last response and adds estimates only for
-what came after it (ARCHITECTURE invariant 8). Estimates are made once per message when
+what came after it (docs/architecture.md, invariant 8). Estimates are made once per message when
 it is stored (`Node.token_estimate`) and summed afterwards; nothing here is meant to be
 recomputed over a whole history on every turn.
 

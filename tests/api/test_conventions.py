@@ -1,4 +1,4 @@
-"""API.md's opening conventions: problem+json everywhere, request ids, body limits,
+"""The conventions of docs/api.md: problem+json everywhere, request ids, body limits,
 auth, CORS, operations routes."""
 
 from __future__ import annotations

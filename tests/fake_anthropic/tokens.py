@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# The median of real Claude Code transcripts (ANTHROPIC-WIRE.md), so that the service's
+# The median of real Claude Code transcripts (as in app/context/tokens.py), so that the service's
 # estimates and the fake's counts agree the way they do against the real API.
 CHARS_PER_TOKEN = 2.8
 BLOCK_OVERHEAD_TOKENS = 3

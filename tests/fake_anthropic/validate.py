@@ -1,4 +1,4 @@
-"""Request validation with the real API's 400 wording (see /work/shared/ANTHROPIC-WIRE.md).
+"""Request validation with the real API's 400 wording (from the SDK's fixtures and real answers).
 
 Indices in messages count messages after consecutive same-role messages are merged, as the
 real API does. Where the real wording is unknown, the message is a plausible one in the same
