@@ -2,12 +2,14 @@
 real service (`live_server`: uvicorn in this process, Postgres, the offline model).
 
 Chromium is Debian's `chromium` package (`.ci/run` installs it); Playwright's own
-browser download is not used. Without a Chromium the tests are skipped, saying so.
+browser download is not used. Without a Chromium the tests are skipped, saying so
+(they fail instead when PARLEY_REQUIRE_BROWSER is set, as `.ci/run` does).
 Each test keeps a screenshot of every step under tests/artifacts/browser/<test>/.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -21,7 +23,8 @@ from playwright.async_api import Browser, Locator, Page, async_playwright, expec
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.engine.llm.offline import OfflineModel
-from tests.conftest import LiveServer, live_server
+from tests.conftest import LiveServer, live_server, on_fake
+from tests.fake_anthropic import FakeAnthropic
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "tests" / "artifacts" / "browser"
@@ -58,10 +61,13 @@ def find_chromium() -> str | None:
 async def browser() -> AsyncIterator[Browser]:
     path = find_chromium()
     if path is None:
-        pytest.skip(
+        why = (
             "no Chromium found: install Debian's chromium package (apt-get install chromium) "
             "or set PARLEY_CHROMIUM to a Chromium binary"
         )
+        if os.environ.get("PARLEY_REQUIRE_BROWSER"):  # CI (.ci/run): never skip
+            pytest.fail(why)
+        pytest.skip(why)
     async with async_playwright() as playwright:
         # Playwright gives each launch a fresh temporary profile (--user-data-dir).
         browser = await playwright.chromium.launch(
@@ -77,6 +83,17 @@ async def server(database_url: str, engine: AsyncEngine) -> AsyncIterator[LiveSe
     holds only what these tests create)."""
     async with live_server(database_url, engine, api_keys=[f"browser:{BROWSER_KEY}"]) as server:
         server.runtime.resources.llm = OfflineModel(delay=MODEL_DELAY_SECONDS)
+        yield server
+
+
+@pytest.fixture(scope="module")
+async def anthropic_server(
+    database_url: str, engine: AsyncEngine, fake: FakeAnthropic
+) -> AsyncIterator[LiveServer]:
+    """The service on the `anthropic` provider: the real SDK against the fake API."""
+    async with live_server(
+        database_url, engine, api_keys=[f"browser:{BROWSER_KEY}"], **on_fake(fake)
+    ) as server:
         yield server
 
 
@@ -164,10 +181,11 @@ def _relevant(message: Any) -> bool:
     return message.type == "error" and "Failed to load resource" not in message.text
 
 
-@pytest.fixture
-async def playground(
+@contextlib.asynccontextmanager
+async def open_playground(
     browser: Browser, server: LiveServer, request: pytest.FixtureRequest
 ) -> AsyncIterator[Playground]:
+    """A fresh browser context on the page, loaded; fails the test on page errors."""
     shots = ARTIFACTS / request.node.name
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
@@ -185,3 +203,19 @@ async def playground(
     finally:
         await context.close()
     assert ui.errors == [], ui.errors
+
+
+@pytest.fixture
+async def playground(
+    browser: Browser, server: LiveServer, request: pytest.FixtureRequest
+) -> AsyncIterator[Playground]:
+    async with open_playground(browser, server, request) as ui:
+        yield ui
+
+
+@pytest.fixture
+async def anthropic_playground(
+    browser: Browser, anthropic_server: LiveServer, request: pytest.FixtureRequest
+) -> AsyncIterator[Playground]:
+    async with open_playground(browser, anthropic_server, request) as ui:
+        yield ui

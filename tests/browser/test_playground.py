@@ -10,6 +10,7 @@ import pytest
 from playwright.async_api import Locator, expect
 
 from tests.browser.conftest import Playground
+from tests.fake_anthropic import FakeAnthropic, items
 
 pytestmark = pytest.mark.browser
 
@@ -228,10 +229,15 @@ async def test_sessions_search_rename_fork_and_delete(playground: Playground) ->
 async def test_compact_and_unfold_the_summary(playground: Playground) -> None:
     ui = playground
     await ui.enter_key()
-    # Micro-compaction at once, keeping no old result: older tool results are cleared.
+    # Micro-compaction at once, keeping no old result: older tool results are cleared. A
+    # low threshold makes the context meter show something.
     await ui.new_session(
         "Compaction",
-        fields={"Keep recent tool results": "0", "Micro batch tokens": "0"},
+        fields={
+            "Keep recent tool results": "0",
+            "Micro batch tokens": "0",
+            "Threshold tokens": "5000",
+        },
     )
     colours = "\\n".join(f"line {i}: red, green, blue" for i in range(40))
     await ui.send(f'/tool Write {{"file_path": "colours.txt", "content": "{colours}"}}')
@@ -239,8 +245,10 @@ async def test_compact_and_unfold_the_summary(playground: Playground) -> None:
     await ui.send("which colours were written?")
     meter = ui.page.get_by_role("meter", name="Context used before auto-compaction")
     await expect(meter).to_be_visible()
-    before = int(await meter.get_attribute("aria-valuenow") or 0)
-    assert before > 0
+    await expect(ui.page.locator("#context-body")).to_contain_text(
+        "of 5,000 tokens before auto-compaction"
+    )
+    assert int(await meter.get_attribute("aria-valuenow") or 0) > 0
     # The Read result (large, and no longer the newest) is cleared from the model's view.
     read = ui.log.locator("details.tool", has_text="Tool call Read")
     await expect(read).to_contain_text("cleared from the model's view")
@@ -362,3 +370,25 @@ async def test_cancel_and_keyboard_on_a_phone_width_screen(playground: Playgroun
     await expect(ui.status).to_have_text("Cancelled")
     await expect(ui.page.locator("table.runs tbody tr").first).to_contain_text("cancelled")
     await ui.shot("cancelled")
+
+
+async def test_a_discarded_partial_reply_gives_way_to_the_retry(
+    anthropic_playground: Playground, fake: FakeAnthropic
+) -> None:
+    """On the Anthropic provider (the real SDK against the fake API): the model's stream
+    breaks after some text, the service retries, and the page drops the partial reply
+    (`message.discarded`) instead of running the retry's text on after it."""
+    ui = anthropic_playground
+    await expect(ui.page.locator("#provider")).to_contain_text("Anthropic")
+    await ui.enter_key()
+    await ui.new_session("Retried reply")
+    fake.script(items.drop(6, "partial text that will be lost"), "the whole reply")
+    await ui.page.evaluate(RECORD_STREAM)
+    await ui.send("hello")
+    await expect(ui.messages("Assistant")).to_have_count(1)
+    await expect(ui.messages("Assistant").locator(".text")).to_have_text("the whole reply")
+    await expect(ui.log).to_contain_text("A partial reply was discarded")
+    await ui.shot("retried")
+    samples: list[str] = await ui.page.evaluate("window.__samples")
+    assert any(sample.startswith("partial") for sample in samples), samples
+    assert not any("partial" in sample and "whole" in sample for sample in samples), samples

@@ -26,6 +26,7 @@ export class ChatView {
     this.cleared = new Set();
     this.siblings = () => null;
     this.busy = false;
+    this.notes = []; // what the last run reported (discarded, compacted, failed), kept across redraws
   }
 
   /** Draw the chain. state: {messages, view, cleared, siblings, pending, busy} */
@@ -43,6 +44,7 @@ export class ChatView {
       const el = this.messageEl(msg);
       if (el) items.push(el);
     }
+    items.push(...this.notes.map((n) => noteEl(n)));
     if (!items.length) items.push(h("p", { class: "empty" }, "No messages yet. Say something below."));
     fill(this.root, items);
     this.scroll(true);
@@ -277,11 +279,11 @@ export class ChatView {
         break;
       }
       case "compaction.started":
-        this.note(`Compacting the context (${data.trigger}, ${num(data.pre_tokens)} tokens)…`, "compacting");
+        this.root.append(noteEl({ text: `Compacting the context (${data.trigger}, ${num(data.pre_tokens)} tokens)…`, kind: "compacting" }));
         break;
       case "compaction.completed":
         this.root.querySelector(".note-row.compacting")?.remove();
-        this.note(`Compacted: ${num(data.pre_tokens)} → ${num(data.post_tokens)} tokens.`);
+        this.note(`Compacted the context (${data.trigger}): ${num(data.pre_tokens)} → ${num(data.post_tokens)} tokens.`);
         break;
       case "run.requires_action":
         this.setPending(data.required_action?.tool_uses);
@@ -353,14 +355,21 @@ export class ChatView {
     for (const block of msg.content || []) if (block.type === "tool_result") this.refreshTool(block.tool_use_id);
   }
 
-  note(text, extra = "", role = "note") {
-    this.root.append(h("div", { class: `note-row ${extra}`, role }, text));
+  /** A line about the run, kept (after the messages) until the next run starts. */
+  note(text, kind = "", role = "note") {
+    const note = { text, kind, role };
+    this.notes.push(note);
+    this.root.append(noteEl(note));
   }
 
   scroll(force = false) {
     const near = this.root.scrollHeight - this.root.scrollTop - this.root.clientHeight < 160;
     if (force || near) this.root.scrollTop = this.root.scrollHeight;
   }
+}
+
+function noteEl({ text, kind = "", role = "note" }) {
+  return h("div", { class: `note-row ${kind}`, role }, text);
 }
 
 function fold(kind, title, ...body) {

@@ -27,8 +27,8 @@ export function renderContext(root, ctx, session) {
     bar.append(seg);
   }
   const warn = h("span", { class: "mark warning", title: `Warning at ${num(ctx.warning_threshold)} tokens` });
-  warn.style.left = `${Math.min(100, (100 * ctx.warning_threshold) / threshold)}%`;
-  bar.append(warn);
+  warn.style.left = `${Math.max(0, Math.min(100, (100 * ctx.warning_threshold) / threshold))}%`;
+  if (ctx.warning_threshold > 0 && ctx.warning_threshold < threshold) bar.append(warn);
   const percent = (100 * ctx.estimated_tokens) / threshold;
   const auto = session?.compaction?.auto !== false;
   const last = ctx.last_compaction;
@@ -53,7 +53,7 @@ export function renderContext(root, ctx, session) {
       { class: "breakdown" },
       PARTS.map(([key, label]) => [h("dt", {}, h("span", { class: `swatch ${key}`, "aria-hidden": "true" }), label), h("dd", {}, num(parts[key]))]),
     ),
-    h("p", { class: "note" }, `Window ${num(ctx.context_window)} · output up to ${num(ctx.max_output_tokens)} · warning at ${num(ctx.warning_threshold)}`),
+    h("p", { class: "note" }, `Window ${num(ctx.context_window)} · output up to ${num(ctx.max_output_tokens)}`, ctx.warning_threshold > 0 ? ` · warning at ${num(ctx.warning_threshold)}` : ""),
     last
       ? h(
           "p",

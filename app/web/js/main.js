@@ -151,8 +151,8 @@ class Playground {
     this.setBusy("loading");
     await this.refresh();
     this.setBusy(null);
-    await this.attach();
     $("#message").focus();
+    this.attach().catch((err) => this.error(err)); // follows an active run in the background
   }
 
   /** Pick up a run that is active on opening: follow it, or show what it waits for. */
@@ -163,6 +163,7 @@ class Playground {
     if (run.status === "requires_action") {
       this.chat.setPending(run.required_action?.tool_uses);
       this.setBusy("requires_action");
+      this.say(`The model called ${run.required_action?.tool_uses?.map((t) => t.name).join(", ")}: answer it in the conversation`);
       return;
     }
     await this.follow({ runId: run.id, lastId: 0 });
@@ -192,13 +193,19 @@ class Playground {
       for (const block of msg.content || []) if (block.type === "tool_result" && block.content === CLEARED) cleared.add(block.tool_use_id);
     }
     const pending = this.run?.status === "requires_action" ? this.run.required_action?.tool_uses : null;
-    this.chat.render({ messages: chain, view: this.view, cleared, siblings: (m) => this.tree.siblings(m), busy: Boolean(this.busy && this.busy !== "loading") });
-    this.chat.setPending(pending);
+    this.chat.render({
+      messages: chain,
+      view: this.view,
+      cleared,
+      pending: new Map((pending || []).map((use) => [use.id, use])),
+      siblings: (m) => this.tree.siblings(m),
+      busy: Boolean(this.busy && this.busy !== "loading"),
+    });
     renderContext($("#context-body"), context, session);
     renderTree($("#tree-body"), this.tree, this.chainIds, session.head_uuid, (uuid) => this.moveHead(uuid, "Moved the head"), Boolean(this.busy && this.busy !== "loading"));
     this.drawHeader();
     const last = this.runs.latest();
-    if (last?.status === "failed" && last.error) this.chat.note(`The last run failed: ${last.error.message}`, "error");
+    if (last?.status === "failed" && last.error && !this.chat.notes.length) this.chat.note(`The last run failed: ${last.error.message}`, "error");
   }
 
   drawHeader() {
@@ -322,7 +329,7 @@ class Playground {
     const text = box.value;
     if (!text.trim() || !this.session || this.busy) return;
     box.value = "";
-    const ok = await this.turn(this.streamPost(`/sessions/${this.session.id}/messages`, { content: text }, { "Idempotency-Key": newId() }));
+    const ok = await this.turn(this.streamPost(`/sessions/${this.session.id}/messages`, { content: text }, { "Idempotency-Key": newId() }), { reopen: true });
     if (!ok && !box.value) box.value = text;
   }
 
@@ -332,11 +339,11 @@ class Playground {
       // A new first message: unset the head so the turn starts a new root.
       await api("POST", `/sessions/${id}/clear`);
       this.chat.truncateAfter(null);
-      await this.turn(this.streamPost(`/sessions/${id}/messages`, { content: text }, { "Idempotency-Key": newId() }));
+      await this.turn(this.streamPost(`/sessions/${id}/messages`, { content: text }, { "Idempotency-Key": newId() }), { reopen: true });
       return;
     }
     this.chat.truncateAfter(msg.parent_uuid);
-    await this.turn(this.streamPost(`/sessions/${id}/messages`, { content: text, parent_uuid: msg.parent_uuid }, { "Idempotency-Key": newId() }));
+    await this.turn(this.streamPost(`/sessions/${id}/messages`, { content: text, parent_uuid: msg.parent_uuid }, { "Idempotency-Key": newId() }), { reopen: true });
   }
 
   async regenerate(msg) {
@@ -351,21 +358,22 @@ class Playground {
   }
 
   /** Start a run with `open` and follow it to the end. Returns false when it did not start. */
-  async turn(open, { runId = null, lastId = 0 } = {}) {
+  async turn(open, { runId = null, lastId = 0, reopen = false } = {}) {
     const known = new Set(this.runs.items.map((r) => r.id));
     const sessionId = this.session.id;
     const findRun = async () => {
       const page = await api("GET", `/sessions/${sessionId}/runs?limit=5`);
       return page.data.find((r) => !known.has(r.id))?.id || null;
     };
-    return this.follow({ open, findRun, runId, lastId });
+    return this.follow({ open, reopen, findRun, runId, lastId });
   }
 
-  async follow({ open = null, findRun = null, runId = null, lastId = 0 }) {
+  async follow({ open = null, reopen = false, findRun = null, runId = null, lastId = 0 }) {
     this.stopper?.abort();
     const stopper = new AbortController();
     this.stopper = stopper;
     this.run = { id: runId, lastId, status: "running" };
+    this.chat.notes = [];
     this.setBusy("running");
     this.say("The model is replying…");
     try {
@@ -374,6 +382,7 @@ class Playground {
         runId,
         lastId,
         open,
+        reopen,
         findRun,
         stop: stopper.signal,
         onEvent: (name, data, id) => {
@@ -414,12 +423,15 @@ class Playground {
 
   async cancel() {
     if (!this.run?.id) return;
-    const run = await api("POST", `/sessions/${this.session.id}/runs/${this.run.id}/cancel`);
+    await api("POST", `/sessions/${this.session.id}/runs/${this.run.id}/cancel`);
     if (this.busy === "requires_action") {
+      // Nothing streams while a run waits for client tools: redraw from the service.
       this.run = null;
       this.setBusy(null);
+      this.chat.notes = [];
+      this.chat.note("Cancelled.");
       await this.refresh();
-      this.say(`Cancelled (the run is ${run.status})`);
+      this.say("Cancelled");
     }
   }
 

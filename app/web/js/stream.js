@@ -17,13 +17,14 @@ export class Stopped extends Error {}
 
 /**
  * open(signal): Promise<Response> for the first connection (or null to start by
- * reconnecting). findRun(): the run's id when the first connection broke before
- * `run.started` told it. onEvent(name, data, id) applies one event; onLink(state)
+ * reconnecting). When that connection breaks before `run.started` names the run, it is
+ * opened again if `reopen` (a POST with an Idempotency-Key answers with the same run,
+ * its events from the start), else findRun() looks the run up. onEvent(name, data, id) applies one event; onLink(state)
  * hears "live", "reconnecting" or "offline". stop: an AbortSignal that ends following
  * (the page moved to another session); the run itself goes on.
  * Resolves with {event, data, runId, lastId} at the event that settled the run.
  */
-export async function followRun({ sessionId, runId = null, lastId = 0, open, findRun, onEvent, onLink, stop }) {
+export async function followRun({ sessionId, runId = null, lastId = 0, open, reopen = false, findRun, onEvent, onLink, stop }) {
   let first = Boolean(open);
   let failures = 0;
   for (;;) {
@@ -42,7 +43,7 @@ export async function followRun({ sessionId, runId = null, lastId = 0, open, fin
     try {
       touch();
       let response;
-      if (first) {
+      if (first || (reopen && !runId)) {
         first = false;
         response = await open(connection.signal);
       } else {
