@@ -344,6 +344,23 @@ async def test_a_dropped_connection_resumes_without_repeating_text(
     assert any(len(sample) > cut for sample in samples), "the stream did not resume"
 
 
+async def test_a_reload_picks_up_the_running_reply(playground: Playground) -> None:
+    ui = playground
+    await ui.enter_key()
+    await ui.new_session("Reload")
+    await ui.box.fill("/long 800")
+    await ui.box.press("Enter")
+    await expect(ui.log.locator("article[aria-busy=true]")).to_contain_text("sentence 5.")
+    await ui.page.reload()  # the API key and the session come back from the tab's storage
+    await expect(ui.page.get_by_role("heading", name="Reload", exact=True)).to_be_visible()
+    await expect(ui.log.locator("article[aria-busy=true]")).to_be_visible()
+    await ui.shot("reloaded")
+    await expect(ui.status).to_have_text("Reply complete")
+    shown = await ui.messages("Assistant").last.locator(".text").inner_text()
+    assert len(shown) == 3200
+    assert shown.count("Offline filler sentence 1. ") == 1
+
+
 async def test_cancel_and_keyboard_on_a_phone_width_screen(playground: Playground) -> None:
     ui = playground
     await ui.page.set_viewport_size({"width": 390, "height": 844})

@@ -38,7 +38,13 @@ export class ChatView {
     for (const msg of this.messages) this.collectResults(msg);
     const items = [];
     if (this.view === "api" && this.messages.length) {
-      items.push(h("div", { class: "divider view-note", role: "note" }, "The model's view: what the next request sends (compaction applied)"));
+      items.push(
+        h(
+          "div",
+          { class: "divider view-note", role: "note" },
+          "The model's view: what the next request sends (compaction applied)",
+        ),
+      );
     }
     for (const msg of this.messages) {
       const el = this.messageEl(msg);
@@ -53,7 +59,8 @@ export class ChatView {
   collectResults(msg) {
     for (const block of msg.content || []) {
       if (block.type === "tool_use") this.toolUseIds.add(block.id);
-      else if (block.type === "tool_result") this.results.set(block.tool_use_id, { content: block.content, is_error: block.is_error });
+      else if (block.type === "tool_result")
+        this.results.set(block.tool_use_id, { content: block.content, is_error: block.is_error });
     }
   }
 
@@ -67,14 +74,32 @@ export class ChatView {
     const shown = blocks.filter((b) => b.type !== "tool_result" || !this.toolUseIds.has(b.tool_use_id));
     if (msg.role === "user" && !shown.length) return null; // results shown in their tool calls
     if (msg.type !== "user" && msg.type !== "assistant") {
-      return h("div", { class: "note-row", role: "note", dataset: { uuid: msg.uuid } }, `${msg.type}${msg.subtype ? " · " + msg.subtype : ""}`);
+      return h(
+        "div",
+        { class: "note-row", role: "note", dataset: { uuid: msg.uuid } },
+        `${msg.type}${msg.subtype ? " · " + msg.subtype : ""}`,
+      );
     }
     const assistant = msg.role === "assistant";
-    const body = h("div", { class: "blocks" }, shown.map((b) => this.blockEl(b)));
+    const body = h(
+      "div",
+      { class: "blocks" },
+      shown.map((b) => this.blockEl(b)),
+    );
     const article = h(
       "article",
-      { class: `msg ${assistant ? "assistant" : "user"}${msg.is_meta ? " meta-msg" : ""}`, dataset: { uuid: msg.uuid }, "aria-label": assistant ? "Assistant" : "You" },
-      h("header", {}, h("span", { class: "who" }, assistant ? "Assistant" : "You"), this.siblingNav(msg), h("span", { class: "when" }, assistant && msg.model ? `${msg.model} · ` : "", when(msg.created_at))),
+      {
+        class: `msg ${assistant ? "assistant" : "user"}${msg.is_meta ? " meta-msg" : ""}`,
+        dataset: { uuid: msg.uuid },
+        "aria-label": assistant ? "Assistant" : "You",
+      },
+      h(
+        "header",
+        {},
+        h("span", { class: "who" }, assistant ? "Assistant" : "You"),
+        this.siblingNav(msg),
+        h("span", { class: "when" }, assistant && msg.model ? `${msg.model} · ` : "", when(msg.created_at)),
+      ),
       body,
       this.actionsEl(msg, body),
     );
@@ -87,24 +112,61 @@ export class ChatView {
     return h(
       "span",
       { class: "siblings", role: "group", "aria-label": "Versions" },
-      h("button", { type: "button", class: "icon", "aria-label": "Previous version", disabled: this.busy || info.index === 1, onclick: () => this.actions.sibling(msg, -1) }, "‹"),
+      h(
+        "button",
+        {
+          type: "button",
+          class: "icon",
+          "aria-label": "Previous version",
+          disabled: this.busy || info.index === 1,
+          onclick: () => this.actions.sibling(msg, -1),
+        },
+        "‹",
+      ),
       h("span", { class: "count" }, `${info.index} of ${info.count}`),
-      h("button", { type: "button", class: "icon", "aria-label": "Next version", disabled: this.busy || info.index === info.count, onclick: () => this.actions.sibling(msg, +1) }, "›"),
+      h(
+        "button",
+        {
+          type: "button",
+          class: "icon",
+          "aria-label": "Next version",
+          disabled: this.busy || info.index === info.count,
+          onclick: () => this.actions.sibling(msg, +1),
+        },
+        "›",
+      ),
     );
   }
 
   actionsEl(msg, body) {
     if (msg.is_meta || this.view === "api") return null;
     const assistant = msg.role === "assistant";
-    const text = (msg.content || []).filter((b) => b.type === "text").map((b) => b.text).join("\n");
+    const text = (msg.content || [])
+      .filter((b) => b.type === "text")
+      .map((b) => b.text)
+      .join("\n");
     const disabled = this.busy;
     return h(
       "footer",
       { class: "actions" },
       assistant
         ? h("button", { type: "button", disabled, onclick: () => this.actions.regenerate(msg) }, "Regenerate")
-        : h("button", { type: "button", disabled: disabled || !text, onclick: () => this.editForm(msg, body, text) }, "Edit"),
-      h("button", { type: "button", disabled, "aria-label": "Rewind to here", title: "Make this message the head", onclick: () => this.actions.rewind(msg) }, "Rewind here"),
+        : h(
+            "button",
+            { type: "button", disabled: disabled || !text, onclick: () => this.editForm(msg, body, text) },
+            "Edit",
+          ),
+      h(
+        "button",
+        {
+          type: "button",
+          disabled,
+          "aria-label": "Rewind to here",
+          title: "Make this message the head",
+          onclick: () => this.actions.rewind(msg),
+        },
+        "Rewind here",
+      ),
       h("button", { type: "button", disabled, onclick: () => this.actions.forkAt(msg) }, "Fork from here"),
     );
   }
@@ -123,7 +185,12 @@ export class ChatView {
         },
       },
       area,
-      h("div", { class: "row" }, h("button", { type: "submit", class: "primary" }, "Save and send"), h("button", { type: "button", onclick: () => fill(body, original) }, "Discard edit")),
+      h(
+        "div",
+        { class: "row" },
+        h("button", { type: "submit", class: "primary" }, "Save and send"),
+        h("button", { type: "button", onclick: () => fill(body, original) }, "Discard edit"),
+      ),
     );
     area.addEventListener("keydown", (event) => {
       if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -144,7 +211,11 @@ export class ChatView {
       case "thinking":
         return fold("thinking", "Thinking", h("div", { class: "text" }, block.thinking));
       case "redacted_thinking":
-        return fold("thinking", "Thinking (redacted by the provider)", h("p", { class: "note" }, "Encrypted; sent back to the model as is."));
+        return fold(
+          "thinking",
+          "Thinking (redacted by the provider)",
+          h("p", { class: "note" }, "Encrypted; sent back to the model as is."),
+        );
       case "tool_use":
         return this.toolEl(block);
       case "tool_result":
@@ -173,7 +244,16 @@ export class ChatView {
     details.open = details.open || Boolean(pending);
     fill(
       details,
-      h("summary", {}, h("span", { class: "kind" }, "Tool call"), " ", h("strong", {}, block.name), " ", h("span", { class: `state ${state.split(" ")[0]}` }, state), cleared ? h("span", { class: "badge cleared" }, "cleared from the model's view") : null),
+      h(
+        "summary",
+        {},
+        h("span", { class: "kind" }, "Tool call"),
+        " ",
+        h("strong", {}, block.name),
+        " ",
+        h("span", { class: `state ${state.split(" ")[0]}` }, state),
+        cleared ? h("span", { class: "badge cleared" }, "cleared from the model's view") : null,
+      ),
       h("h4", {}, "Input"),
       h("pre", { class: "json" }, pretty(block.input)),
       result ? [h("h4", {}, "Result"), resultEl(result)] : null,
@@ -229,7 +309,8 @@ export class ChatView {
       for (const block of msg.content || []) if (block.type === "tool_use" && block.id === id) return block;
     }
     for (const partial of this.partials.values()) {
-      for (const part of partial.blocks.values()) if (part.kind === "tool_use" && part.block.id === id) return part.block;
+      for (const part of partial.blocks.values())
+        if (part.kind === "tool_use" && part.block.id === id) return part.block;
     }
     return null;
   }
@@ -279,11 +360,18 @@ export class ChatView {
         break;
       }
       case "compaction.started":
-        this.root.append(noteEl({ text: `Compacting the context (${data.trigger}, ${num(data.pre_tokens)} tokens)…`, kind: "compacting" }));
+        this.root.append(
+          noteEl({
+            text: `Compacting the context (${data.trigger}, ${num(data.pre_tokens)} tokens)…`,
+            kind: "compacting",
+          }),
+        );
         break;
       case "compaction.completed":
         this.root.querySelector(".note-row.compacting")?.remove();
-        this.note(`Compacted the context (${data.trigger}): ${num(data.pre_tokens)} → ${num(data.post_tokens)} tokens.`);
+        this.note(
+          `Compacted the context (${data.trigger}): ${num(data.pre_tokens)} → ${num(data.post_tokens)} tokens.`,
+        );
         break;
       case "run.requires_action":
         this.setPending(data.required_action?.tool_uses);
@@ -337,9 +425,16 @@ export class ChatView {
   completed(msg) {
     const partial = this.partials.get(msg.uuid);
     if (partial) {
-      const streamed = [...partial.blocks.values()].filter((p) => p.kind === "text").map((p) => p.text).join("");
-      const stored = (msg.content || []).filter((b) => b.type === "text").map((b) => b.text).join("");
-      if (streamed !== stored) console.error("stream mismatch: the streamed text differs from the stored message", msg.uuid);
+      const streamed = [...partial.blocks.values()]
+        .filter((p) => p.kind === "text")
+        .map((p) => p.text)
+        .join("");
+      const stored = (msg.content || [])
+        .filter((b) => b.type === "text")
+        .map((b) => b.text)
+        .join("");
+      if (streamed !== stored)
+        console.error("stream mismatch: the streamed text differs from the stored message", msg.uuid);
       this.partials.delete(msg.uuid);
     }
     const index = this.messages.findIndex((m) => m.uuid === msg.uuid);
@@ -352,7 +447,8 @@ export class ChatView {
     if (old && el) old.replaceWith(el);
     else if (old) old.remove();
     else if (el) this.root.append(el);
-    for (const block of msg.content || []) if (block.type === "tool_result") this.refreshTool(block.tool_use_id);
+    for (const block of msg.content || [])
+      if (block.type === "tool_result") this.refreshTool(block.tool_use_id);
   }
 
   /** A line about the run, kept (after the messages) until the next run starts. */
@@ -378,13 +474,18 @@ function fold(kind, title, ...body) {
 
 function resultText(content) {
   if (typeof content === "string") return content;
-  if (Array.isArray(content)) return content.map((b) => (b.type === "text" ? b.text : `[${b.type}]`)).join("\n");
+  if (Array.isArray(content))
+    return content.map((b) => (b.type === "text" ? b.text : `[${b.type}]`)).join("\n");
   return pretty(content);
 }
 
 function resultEl(result) {
   const text = resultText(result.content);
-  return h("pre", { class: `result${result.is_error ? " error" : ""}${text === CLEARED ? " cleared" : ""}` }, text);
+  return h(
+    "pre",
+    { class: `result${result.is_error ? " error" : ""}${text === CLEARED ? " cleared" : ""}` },
+    text,
+  );
 }
 
 function boundaryEl(msg) {
@@ -392,18 +493,40 @@ function boundaryEl(msg) {
   const covered = meta.covered?.messages;
   return h(
     "div",
-    { class: "divider boundary", role: "separator", dataset: { uuid: msg.uuid }, "aria-label": "Compaction boundary" },
-    h("span", {}, `Compacted (${meta.trigger || "?"})`, covered ? ` · ${covered} messages summarised` : "", meta.pre_tokens != null ? ` · ${num(meta.pre_tokens)} → ${num(meta.post_tokens)} tokens` : "", meta.instructions ? ` · instructions: “${meta.instructions}”` : ""),
+    {
+      class: "divider boundary",
+      role: "separator",
+      dataset: { uuid: msg.uuid },
+      "aria-label": "Compaction boundary",
+    },
+    h(
+      "span",
+      {},
+      `Compacted (${meta.trigger || "?"})`,
+      covered ? ` · ${covered} messages summarised` : "",
+      meta.pre_tokens != null ? ` · ${num(meta.pre_tokens)} → ${num(meta.post_tokens)} tokens` : "",
+      meta.instructions ? ` · instructions: “${meta.instructions}”` : "",
+    ),
   );
 }
 
 function summaryEl(msg) {
   const text = (msg.content || []).map((b) => (b.type === "text" ? b.text : "")).join("\n");
-  return h("details", { class: "fold summary", dataset: { uuid: msg.uuid } }, h("summary", {}, "Summary of the earlier conversation"), h("div", { class: "text" }, text));
+  return h(
+    "details",
+    { class: "fold summary", dataset: { uuid: msg.uuid } },
+    h("summary", {}, "Summary of the earlier conversation"),
+    h("div", { class: "text" }, text),
+  );
 }
 
 function collapsedEl(msg) {
   const info = msg.metadata?.collapse || {};
   const text = (msg.content || []).map((b) => (b.type === "text" ? b.text : "")).join("\n");
-  return h("details", { class: "fold summary collapsed", dataset: { uuid: msg.uuid } }, h("summary", {}, `Collapsed span (${num(info.tokens_saved)} tokens saved)`), h("div", { class: "text" }, text));
+  return h(
+    "details",
+    { class: "fold summary collapsed", dataset: { uuid: msg.uuid } },
+    h("summary", {}, `Collapsed span (${num(info.tokens_saved)} tokens saved)`),
+    h("div", { class: "text" }, text),
+  );
 }

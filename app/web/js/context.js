@@ -47,13 +47,28 @@ export function renderContext(root, ctx, session) {
       },
       bar,
     ),
-    h("p", { class: "meter-text" }, h("strong", {}, num(ctx.estimated_tokens)), ` of ${num(threshold)} tokens before auto-compaction`, auto ? "" : " (auto-compaction is off)", ` · ${percent < 0.1 && percent > 0 ? "<0.1" : percent.toFixed(1)}%`),
+    h(
+      "p",
+      { class: "meter-text" },
+      h("strong", {}, num(ctx.estimated_tokens)),
+      ` of ${num(threshold)} tokens before auto-compaction`,
+      auto ? "" : " (auto-compaction is off)",
+      ` · ${percent < 0.1 && percent > 0 ? "<0.1" : percent.toFixed(1)}%`,
+    ),
     h(
       "dl",
       { class: "breakdown" },
-      PARTS.map(([key, label]) => [h("dt", {}, h("span", { class: `swatch ${key}`, "aria-hidden": "true" }), label), h("dd", {}, num(parts[key]))]),
+      PARTS.map(([key, label]) => [
+        h("dt", {}, h("span", { class: `swatch ${key}`, "aria-hidden": "true" }), label),
+        h("dd", {}, num(parts[key])),
+      ]),
     ),
-    h("p", { class: "note" }, `Window ${num(ctx.context_window)} · output up to ${num(ctx.max_output_tokens)}`, ctx.warning_threshold > 0 ? ` · warning at ${num(ctx.warning_threshold)}` : ""),
+    h(
+      "p",
+      { class: "note" },
+      `Window ${num(ctx.context_window)} · output up to ${num(ctx.max_output_tokens)}`,
+      ctx.warning_threshold > 0 ? ` · warning at ${num(ctx.warning_threshold)}` : "",
+    ),
     last
       ? h(
           "p",

@@ -60,12 +60,36 @@ export class FilesPanel {
                 { dataset: { path: f.path } },
                 h("span", { class: "path" }, f.path),
                 h("span", { class: "note" }, `${num(f.size)} bytes · ${when(f.updated_at)}`),
-                h("span", { class: "row" }, h("button", { type: "button", "aria-label": `View ${f.path}`, onclick: () => this.view(f).catch(this.onError) }, "View"), h("button", { type: "button", class: "danger", "aria-label": `Delete ${f.path}`, onclick: () => this.remove(f).catch(this.onError) }, "Delete")),
+                h(
+                  "span",
+                  { class: "row" },
+                  h(
+                    "button",
+                    {
+                      type: "button",
+                      "aria-label": `View ${f.path}`,
+                      onclick: () => this.view(f).catch(this.onError),
+                    },
+                    "View",
+                  ),
+                  h(
+                    "button",
+                    {
+                      type: "button",
+                      class: "danger",
+                      "aria-label": `Delete ${f.path}`,
+                      onclick: () => this.remove(f).catch(this.onError),
+                    },
+                    "Delete",
+                  ),
+                ),
               ),
             ),
           )
         : h("p", { class: "note" }, "No files. Upload one, or let the Write tool create some."),
-      this.cursor ? h("button", { type: "button", onclick: () => this.more().catch(this.onError) }, "More files") : null,
+      this.cursor
+        ? h("button", { type: "button", onclick: () => this.more().catch(this.onError) }, "More files")
+        : null,
     );
   }
 
@@ -80,7 +104,13 @@ export class FilesPanel {
       h(
         "section",
         { class: "file-view", "aria-label": `Content of ${file.path}` },
-        h("header", { class: "row" }, h("strong", {}, file.path), h("span", { class: "note" }, `sha256 ${file.sha256.slice(0, 12)}…`), h("button", { type: "button", onclick: () => fill(this.viewer) }, "Close file")),
+        h(
+          "header",
+          { class: "row" },
+          h("strong", {}, file.path),
+          h("span", { class: "note" }, `sha256 ${file.sha256.slice(0, 12)}…`),
+          h("button", { type: "button", onclick: () => fill(this.viewer) }, "Close file"),
+        ),
         h("pre", { class: "file-content" }, text),
       ),
     );
@@ -102,7 +132,10 @@ export class FilesPanel {
       return;
     }
     const path = $("#upload-path").value.trim() || file.name;
-    await api("PUT", `${this.base()}/${encodePath(path)}`, { body: file, headers: { "Content-Type": "application/octet-stream" } });
+    await api("PUT", `${this.base()}/${encodePath(path)}`, {
+      body: file,
+      headers: { "Content-Type": "application/octet-stream" },
+    });
     input.value = "";
     $("#upload-path").value = "";
     this.announce(`Uploaded ${path}`);

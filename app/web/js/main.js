@@ -1,9 +1,6 @@
-// The playground: wires the panels to one session at a time and runs its turns.
-//
-// Every turn (a message, an edit, a regeneration, client tool results) is streamed
-// and followed by `followRun`, which survives dropped connections; once the run
-// settles, the page reloads the session's state from the service (the chain, the tree,
-// the context, runs and files), so what is drawn is always what is stored.
+// The playground: wires the panels to one session at a time. Its turns (turns.js) are
+// streamed and followed to the end; then `refresh()` reloads the session's state from
+// the service (the chain, the tree, the context, runs and files) and draws it.
 
 import { api, allPages, apiKey, headers, ApiError } from "./api.js";
 import { ChatView } from "./chat.js";
@@ -12,21 +9,21 @@ import { $, $$, h, fill, num, short } from "./dom.js";
 import { FilesPanel } from "./files.js";
 import { RunsPanel } from "./runs.js";
 import { NewSessionDialog, SessionList } from "./sessions.js";
-import { Stopped, followRun } from "./stream.js";
+import { Stopped } from "./stream.js";
 import { Tree, renderTree } from "./tree.js";
+import { TurnActions } from "./turns.js";
 
 const CLEARED = "[Old tool result content cleared]";
 
-class Playground {
+class Playground extends TurnActions {
   constructor(config) {
+    super();
     this.config = config;
     this.session = null;
     this.view = "full";
     this.tree = new Tree();
     this.chainIds = [];
-    this.run = null; // the active run: {id, lastId, status, required_action}
     this.busy = null; // null | "running" | "requires_action" | "compacting" | "loading"
-    this.stopper = null;
     const onError = (err) => this.error(err);
     this.chat = new ChatView($("#chat-log"), {
       edit: (msg, text) => this.edit(msg, text),
@@ -37,7 +34,11 @@ class Playground {
       answer: (results) => this.answer(results),
     });
     this.sessions = new SessionList({ onOpen: (id) => this.open(id).catch(onError), onError });
-    this.files = new FilesPanel({ confirm: (text) => this.confirm(text), onError, announce: (t) => this.say(t) });
+    this.files = new FilesPanel({
+      confirm: (text) => this.confirm(text),
+      onError,
+      announce: (t) => this.say(t),
+    });
     this.runs = new RunsPanel({ onError });
     this.dialog = new NewSessionDialog({ config, onCreated: (s) => this.created(s) });
     this.wire();
@@ -124,11 +125,19 @@ class Playground {
     $("#cancel").disabled = !(busy === "running" || busy === "requires_action") || !this.run?.id;
     $("#compact").disabled = !has || Boolean(busy);
     this.chat.busy = Boolean(busy);
-    for (const button of $$("#chat-log .actions button, #chat-log .siblings button, #tree-body button.node")) {
+    for (const button of $$(
+      "#chat-log .actions button, #chat-log .siblings button, #tree-body button.node",
+    )) {
       if (busy) button.disabled = true;
     }
     $("#hint").textContent =
-      busy === "requires_action" ? "The run waits for your answer to its client tool call (or Cancel)." : busy === "running" ? "The model is replying…" : this.config.provider === "offline" ? "Offline model: /tool Name {json}, /long N, /think" : "";
+      busy === "requires_action"
+        ? "The run waits for your answer to its client tool call (or Cancel)."
+        : busy === "running"
+          ? "The model is replying…"
+          : this.config.provider === "offline"
+            ? "Offline model: /tool Name {json}, /long N, /think"
+            : "";
   }
 
   // --- sessions -----------------------------------------------------------------------
@@ -140,9 +149,7 @@ class Playground {
   }
 
   async open(id) {
-    this.stopper?.abort();
-    this.stopper = null;
-    this.run = null;
+    this.detach();
     this.chat.reset();
     this.session = await api("GET", `/sessions/${id}`);
     if (location.hash !== `#session=${id}`) history.replaceState(null, "", `#session=${id}`);
@@ -153,20 +160,6 @@ class Playground {
     this.setBusy(null);
     $("#message").focus();
     this.attach().catch((err) => this.error(err)); // follows an active run in the background
-  }
-
-  /** Pick up a run that is active on opening: follow it, or show what it waits for. */
-  async attach() {
-    const run = this.runs.latest();
-    if (!run || (run.status !== "running" && run.status !== "requires_action")) return;
-    this.run = { id: run.id, lastId: 0, status: run.status, required_action: run.required_action };
-    if (run.status === "requires_action") {
-      this.chat.setPending(run.required_action?.tool_uses);
-      this.setBusy("requires_action");
-      this.say(`The model called ${run.required_action?.tool_uses?.map((t) => t.name).join(", ")}: answer it in the conversation`);
-      return;
-    }
-    await this.follow({ runId: run.id, lastId: 0 });
   }
 
   /** Reload everything about the current session and draw it. */
@@ -190,7 +183,8 @@ class Playground {
     this.chainIds = chain.map((m) => m.uuid);
     const cleared = new Set();
     for (const msg of modelView || []) {
-      for (const block of msg.content || []) if (block.type === "tool_result" && block.content === CLEARED) cleared.add(block.tool_use_id);
+      for (const block of msg.content || [])
+        if (block.type === "tool_result" && block.content === CLEARED) cleared.add(block.tool_use_id);
     }
     const pending = this.run?.status === "requires_action" ? this.run.required_action?.tool_uses : null;
     this.chat.render({
@@ -202,10 +196,18 @@ class Playground {
       busy: Boolean(this.busy && this.busy !== "loading"),
     });
     renderContext($("#context-body"), context, session);
-    renderTree($("#tree-body"), this.tree, this.chainIds, session.head_uuid, (uuid) => this.moveHead(uuid, "Moved the head"), Boolean(this.busy && this.busy !== "loading"));
+    renderTree(
+      $("#tree-body"),
+      this.tree,
+      this.chainIds,
+      session.head_uuid,
+      (uuid) => this.moveHead(uuid, "Moved the head"),
+      Boolean(this.busy && this.busy !== "loading"),
+    );
     this.drawHeader();
     const last = this.runs.latest();
-    if (last?.status === "failed" && last.error && !this.chat.notes.length) this.chat.note(`The last run failed: ${last.error.message}`, "error");
+    if (last?.status === "failed" && last.error && !this.chat.notes.length)
+      this.chat.note(`The last run failed: ${last.error.message}`, "error");
   }
 
   drawHeader() {
@@ -247,7 +249,9 @@ class Playground {
 
   async fork(atUuid) {
     try {
-      const copy = await api("POST", `/sessions/${this.session.id}/fork`, { json: atUuid ? { at_uuid: atUuid } : {} });
+      const copy = await api("POST", `/sessions/${this.session.id}/fork`, {
+        json: atUuid ? { at_uuid: atUuid } : {},
+      });
       const title = `Fork of ${this.session.title || short(this.session.id)}`.slice(0, 500);
       const named = await api("PATCH", `/sessions/${copy.id}`, { json: { title } });
       this.sessions.upsert(named);
@@ -260,12 +264,16 @@ class Playground {
 
   async remove() {
     const s = this.session;
-    if (!(await this.confirm(`Delete the session “${s.title || short(s.id)}” with its messages, runs and files?`))) return;
+    if (
+      !(await this.confirm(
+        `Delete the session “${s.title || short(s.id)}” with its messages, runs and files?`,
+      ))
+    )
+      return;
     await api("DELETE", `/sessions/${s.id}`);
-    this.stopper?.abort();
+    this.detach();
     this.sessions.remove(s.id);
     this.session = null;
-    this.run = null;
     history.replaceState(null, "", location.pathname);
     $("#session-tools").hidden = true;
     this.drawHeader();
@@ -311,159 +319,6 @@ class Playground {
       $("#confirm-no").focus();
     });
   }
-
-  // --- turns --------------------------------------------------------------------------
-
-  streamPost(path, body, extra = {}) {
-    return (signal) =>
-      fetch(path, {
-        method: "POST",
-        headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream", ...extra }),
-        body: JSON.stringify({ ...body, stream: true }),
-        signal,
-      });
-  }
-
-  async send() {
-    const box = $("#message");
-    const text = box.value;
-    if (!text.trim() || !this.session || this.busy) return;
-    box.value = "";
-    const ok = await this.turn(this.streamPost(`/sessions/${this.session.id}/messages`, { content: text }, { "Idempotency-Key": newId() }), { reopen: true });
-    if (!ok && !box.value) box.value = text;
-  }
-
-  async edit(msg, text) {
-    const id = this.session.id;
-    if (!msg.parent_uuid) {
-      // A new first message: unset the head so the turn starts a new root.
-      await api("POST", `/sessions/${id}/clear`);
-      this.chat.truncateAfter(null);
-      await this.turn(this.streamPost(`/sessions/${id}/messages`, { content: text }, { "Idempotency-Key": newId() }), { reopen: true });
-      return;
-    }
-    this.chat.truncateAfter(msg.parent_uuid);
-    await this.turn(this.streamPost(`/sessions/${id}/messages`, { content: text, parent_uuid: msg.parent_uuid }, { "Idempotency-Key": newId() }), { reopen: true });
-  }
-
-  async regenerate(msg) {
-    this.chat.truncateAfter(msg.parent_uuid);
-    await this.turn(this.streamPost(`/sessions/${this.session.id}/messages/${msg.uuid}/regenerate`, {}));
-  }
-
-  async answer(results) {
-    const { id, lastId } = this.run;
-    this.chat.setPending([]);
-    await this.turn(this.streamPost(`/sessions/${this.session.id}/runs/${id}/tool_results`, { results }), { runId: id, lastId });
-  }
-
-  /** Start a run with `open` and follow it to the end. Returns false when it did not start. */
-  async turn(open, { runId = null, lastId = 0, reopen = false } = {}) {
-    const known = new Set(this.runs.items.map((r) => r.id));
-    const sessionId = this.session.id;
-    const findRun = async () => {
-      const page = await api("GET", `/sessions/${sessionId}/runs?limit=5`);
-      return page.data.find((r) => !known.has(r.id))?.id || null;
-    };
-    return this.follow({ open, reopen, findRun, runId, lastId });
-  }
-
-  async follow({ open = null, reopen = false, findRun = null, runId = null, lastId = 0 }) {
-    this.stopper?.abort();
-    const stopper = new AbortController();
-    this.stopper = stopper;
-    this.run = { id: runId, lastId, status: "running" };
-    this.chat.notes = [];
-    this.setBusy("running");
-    this.say("The model is replying…");
-    try {
-      const end = await followRun({
-        sessionId: this.session.id,
-        runId,
-        lastId,
-        open,
-        reopen,
-        findRun,
-        stop: stopper.signal,
-        onEvent: (name, data, id) => {
-          if (name === "run.started") this.run.id = data.id;
-          this.run.lastId = id;
-          if (this.run.id) $("#cancel").disabled = false;
-          this.chat.apply(name, data);
-        },
-        onLink: (state) => {
-          if (state === "live") this.say("The model is replying…");
-          else if (state === "offline") this.say("Offline: the reply goes on at the service and resumes here when the network is back", "warn");
-          else this.say("Connection lost: reconnecting (the reply goes on at the service)…", "warn");
-        },
-      });
-      this.run = { id: end.runId, lastId: end.lastId, status: end.data?.status, required_action: end.data?.required_action };
-      this.setBusy(end.event === "run.requires_action" ? "requires_action" : null);
-      await this.refresh();
-      const messages = {
-        "run.completed": "Reply complete",
-        "run.cancelled": "Cancelled",
-        "run.failed": `The run failed: ${end.data?.error?.message || "unknown error"}`,
-        "run.requires_action": `The model called ${end.data?.required_action?.tool_uses?.map((t) => t.name).join(", ")}: answer it in the conversation`,
-      };
-      this.say(messages[end.event], end.event === "run.failed" ? "error" : "");
-      if (end.event === "run.requires_action") $("#chat-log form.answer textarea")?.focus();
-      return true;
-    } catch (err) {
-      if (err instanceof Stopped) return false;
-      this.error(err);
-      this.run = null;
-      this.setBusy(null);
-      await this.refresh().catch(() => {});
-      return false;
-    } finally {
-      if (this.stopper === stopper) this.stopper = null;
-    }
-  }
-
-  async cancel() {
-    if (!this.run?.id) return;
-    await api("POST", `/sessions/${this.session.id}/runs/${this.run.id}/cancel`);
-    if (this.busy === "requires_action") {
-      // Nothing streams while a run waits for client tools: redraw from the service.
-      this.run = null;
-      this.setBusy(null);
-      this.chat.notes = [];
-      this.chat.note("Cancelled.");
-      await this.refresh();
-      this.say("Cancelled");
-    }
-  }
-
-  async moveHead(uuid, message) {
-    await api("PUT", `/sessions/${this.session.id}/head`, { json: { uuid } }).catch((err) => this.error(err));
-    await this.refresh();
-    this.say(message);
-  }
-
-  async sibling(msg, step) {
-    const info = this.tree.siblings(msg);
-    if (!info) return;
-    const target = info.list[info.index - 1 + step];
-    if (!target) return;
-    await this.moveHead(this.tree.leaf(target.uuid), `Showing version ${info.index + step} of ${info.count}`);
-  }
-
-  async compact() {
-    const instructions = $("#compact-instructions").value.trim();
-    this.setBusy("compacting");
-    this.say("Compacting…");
-    try {
-      const result = await api("POST", `/sessions/${this.session.id}/compact`, { json: instructions ? { instructions } : {} });
-      $("#compact-instructions").value = "";
-      this.setBusy(null);
-      await this.refresh();
-      this.say(`Compacted ${result.messages_compacted} messages: ${num(result.pre_tokens)} → ${num(result.post_tokens)} tokens`);
-    } catch (err) {
-      this.setBusy(null);
-      this.error(err);
-    }
-  }
 }
 
 function sessionFromHash() {
@@ -471,14 +326,14 @@ function sessionFromHash() {
   return match ? match[1] : null;
 }
 
-function newId() {
-  const bytes = crypto.getRandomValues(new Uint8Array(16));
-  return [...bytes].map((b) => b.toString(16).padStart(2, "0")).join("");
-}
-
 async function main() {
   const config = await fetch("/playground/config.json").then((r) => r.json());
-  fill($("#provider"), config.provider === "offline" ? "offline model (not a language model)" : `Anthropic · ${config.default_model}`);
+  fill(
+    $("#provider"),
+    config.provider === "offline"
+      ? "offline model (not a language model)"
+      : `Anthropic · ${config.default_model}`,
+  );
   if (!config.key_required) $("#api-key").placeholder = "not needed: this service runs open";
   const app = new Playground(config);
   app.setBusy(null);

@@ -29,7 +29,10 @@ export class RunsPanel {
   }
 
   async more() {
-    const page = await api("GET", `/sessions/${this.sessionId}/runs?limit=20&after=${encodeURIComponent(this.cursor)}`);
+    const page = await api(
+      "GET",
+      `/sessions/${this.sessionId}/runs?limit=20&after=${encodeURIComponent(this.cursor)}`,
+    );
     this.items.push(...page.data);
     this.cursor = page.next_cursor;
     this.draw();
@@ -53,9 +56,23 @@ export class RunsPanel {
           {},
           h("span", { class: "kind" }, run.kind),
           " ",
-          h("button", { type: "button", title: `Events of run ${run.id}`, "aria-label": `Events of run ${short(run.id)}`, onclick: () => this.inspect(run.id, 0).catch(this.onError) }, short(run.id)),
+          h(
+            "button",
+            {
+              type: "button",
+              title: `Events of run ${run.id}`,
+              "aria-label": `Events of run ${short(run.id)}`,
+              onclick: () => this.inspect(run.id, 0).catch(this.onError),
+            },
+            short(run.id),
+          ),
         ),
-        h("td", {}, h("span", { class: `status ${run.status}` }, run.status.replace("_", " ")), run.error ? h("div", { class: "error" }, run.error.message) : null),
+        h(
+          "td",
+          {},
+          h("span", { class: `status ${run.status}` }, run.status.replace("_", " ")),
+          run.error ? h("div", { class: "error" }, run.error.message) : null,
+        ),
         h("td", { class: "num" }, num(run.usage.input_tokens)),
         h("td", { class: "num" }, num(run.usage.output_tokens)),
         h("td", { class: "num" }, num(run.usage.cache_read_input_tokens)),
@@ -70,11 +87,23 @@ export class RunsPanel {
           "table",
           { class: "runs" },
           h("caption", { class: "sr-only" }, "Runs, newest first"),
-          h("thead", {}, h("tr", {}, ["Run (events)", "Status", "Input", "Output", "Cache reads"].map((t) => h("th", { scope: "col" }, t)))),
+          h(
+            "thead",
+            {},
+            h(
+              "tr",
+              {},
+              ["Run (events)", "Status", "Input", "Output", "Cache reads"].map((t) =>
+                h("th", { scope: "col" }, t),
+              ),
+            ),
+          ),
           h("tbody", {}, rows),
         ),
       ),
-      this.cursor ? h("button", { type: "button", onclick: () => this.more().catch(this.onError) }, "More runs") : null,
+      this.cursor
+        ? h("button", { type: "button", onclick: () => this.more().catch(this.onError) }, "More runs")
+        : null,
     );
   }
 
@@ -91,19 +120,38 @@ export class RunsPanel {
     this.inspecting = { runId, controller };
     const raw = h("pre", { class: "raw-events", tabindex: "0", "aria-label": "Raw events" });
     const count = h("span", { class: "note", role: "status" }, "loading…");
-    const from = h("input", { type: "number", min: "0", value: String(after), class: "narrow", "aria-label": "Replay after event id" });
+    const from = h("input", {
+      type: "number",
+      min: "0",
+      value: String(after),
+      class: "narrow",
+      "aria-label": "Replay after event id",
+    });
     const run = this.items.find((r) => r.id === runId);
     fill(
       this.viewer,
       h(
         "section",
         { class: "inspector-view", "aria-label": `Events of run ${short(runId)}` },
-        h("header", { class: "row" }, h("strong", {}, `Run ${short(runId)}`), run ? h("span", { class: "note" }, `${run.kind} · ${when(run.created_at)}`) : null, count),
+        h(
+          "header",
+          { class: "row" },
+          h("strong", {}, `Run ${short(runId)}`),
+          run ? h("span", { class: "note" }, `${run.kind} · ${when(run.created_at)}`) : null,
+          count,
+        ),
         h(
           "div",
           { class: "row" },
           h("label", { class: "inline" }, "Replay after event ", from),
-          h("button", { type: "button", onclick: () => this.inspect(runId, Number(from.value) || 0).catch(this.onError) }, "Replay"),
+          h(
+            "button",
+            {
+              type: "button",
+              onclick: () => this.inspect(runId, Number(from.value) || 0).catch(this.onError),
+            },
+            "Replay",
+          ),
           h("button", { type: "button", onclick: () => this.closeInspector() }, "Close events"),
         ),
         raw,

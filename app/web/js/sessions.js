@@ -19,7 +19,10 @@ export class SessionList {
     this.search = $("#session-search");
     this.note = $("#session-list-note");
     this.more.addEventListener("click", () => this.loadMore().catch(onError));
-    this.search.addEventListener("input", debounce(() => this.searchAll().catch(onError), 200));
+    this.search.addEventListener(
+      "input",
+      debounce(() => this.searchAll().catch(onError), 200),
+    );
   }
 
   async reload() {
@@ -40,7 +43,8 @@ export class SessionList {
 
   /** A search covers every session: the pages not loaded yet are fetched first. */
   async searchAll() {
-    for (let n = 0; this.search.value.trim() && this.cursor && n < SEARCH_PAGES; n++) await this.loadMore(100);
+    for (let n = 0; this.search.value.trim() && this.cursor && n < SEARCH_PAGES; n++)
+      await this.loadMore(100);
     this.draw();
   }
 
@@ -63,7 +67,9 @@ export class SessionList {
 
   draw() {
     const query = this.search.value.trim().toLowerCase();
-    const shown = this.items.filter((s) => !query || [s.title || "", s.id, s.model].some((v) => v.toLowerCase().includes(query)));
+    const shown = this.items.filter(
+      (s) => !query || [s.title || "", s.id, s.model].some((v) => v.toLowerCase().includes(query)),
+    );
     fill(
       this.list,
       shown.map((s) =>
@@ -72,15 +78,26 @@ export class SessionList {
           {},
           h(
             "button",
-            { type: "button", class: "session-item", "aria-current": s.id === this.current ? "true" : null, dataset: { id: s.id }, onclick: () => this.onOpen(s.id) },
+            {
+              type: "button",
+              class: "session-item",
+              "aria-current": s.id === this.current ? "true" : null,
+              dataset: { id: s.id },
+              onclick: () => this.onOpen(s.id),
+            },
             h("span", { class: "title" }, s.title || `Untitled ${short(s.id)}`),
-            h("span", { class: "sub" }, `${s.model} · ${s.status === "idle" ? when(s.updated_at) : s.status}`),
+            h(
+              "span",
+              { class: "sub" },
+              `${s.model} · ${s.status === "idle" ? when(s.updated_at) : s.status}`,
+            ),
           ),
         ),
       ),
     );
     this.more.hidden = !this.cursor;
-    if (query) this.note.textContent = `${shown.length} of ${this.items.length} loaded sessions match${this.cursor ? " (more not loaded)" : ""}.`;
+    if (query)
+      this.note.textContent = `${shown.length} of ${this.items.length} loaded sessions match${this.cursor ? " (more not loaded)" : ""}.`;
     else this.note.textContent = this.items.length ? "" : "No sessions yet.";
   }
 }
@@ -100,7 +117,14 @@ export class NewSessionDialog {
     this.onCreated = onCreated;
     const tools = $("#builtin-tools");
     for (const name of config.builtin_tools) {
-      tools.append(h("label", { class: "inline" }, h("input", { type: "checkbox", name: "builtin", value: name, checked: true }), ` ${name}`));
+      tools.append(
+        h(
+          "label",
+          { class: "inline" },
+          h("input", { type: "checkbox", name: "builtin", value: name, checked: true }),
+          ` ${name}`,
+        ),
+      );
     }
     $("#model-input").placeholder = `${config.default_model} (the service's default)`;
     $("#example-tool").addEventListener("click", () => {
@@ -130,7 +154,9 @@ export class NewSessionDialog {
   body() {
     const f = this.form.elements;
     const int = (name) => (f[name].value.trim() === "" ? undefined : Number(f[name].value));
-    const body = { builtin_tools: [...this.form.querySelectorAll("input[name=builtin]:checked")].map((el) => el.value) };
+    const body = {
+      builtin_tools: [...this.form.querySelectorAll("input[name=builtin]:checked")].map((el) => el.value),
+    };
     if (f.title.value.trim()) body.title = f.title.value.trim();
     if (f.model.value.trim()) body.model = f.model.value.trim();
     if (f.system.value.trim()) body.system = f.system.value;
@@ -140,12 +166,23 @@ export class NewSessionDialog {
       } catch (err) {
         throw new Error(`Client tools are not valid JSON: ${err.message}`);
       }
-      if (!Array.isArray(body.tools)) throw new Error("Client tools must be a JSON array of tool definitions");
+      if (!Array.isArray(body.tools))
+        throw new Error("Client tools must be a JSON array of tool definitions");
     }
-    if (f.thinking.value) body.thinking = { type: f.thinking.value, budget_tokens: f.thinking.value === "enabled" ? int("budget_tokens") ?? 4096 : undefined };
+    if (f.thinking.value)
+      body.thinking = {
+        type: f.thinking.value,
+        budget_tokens: f.thinking.value === "enabled" ? (int("budget_tokens") ?? 4096) : undefined,
+      };
     if (int("max_tokens") !== undefined) body.max_tokens = int("max_tokens");
     const compaction = { auto: f.auto.checked, micro: f.micro.checked };
-    for (const name of ["threshold_tokens", "context_window", "keep_recent_tool_results", "micro_batch_tokens", "collapse_at"]) {
+    for (const name of [
+      "threshold_tokens",
+      "context_window",
+      "keep_recent_tool_results",
+      "micro_batch_tokens",
+      "collapse_at",
+    ]) {
       if (int(name) !== undefined) compaction[name] = int(name);
     }
     body.compaction = compaction;
@@ -162,7 +199,17 @@ export class NewSessionDialog {
       await this.onCreated(session);
     } catch (err) {
       const fields = (err.problem?.errors || []).map((e) => `${(e.loc || []).slice(1).join(".")}: ${e.msg}`);
-      fill(this.error, err.message, fields.length ? h("ul", {}, fields.map((t) => h("li", {}, t))) : null);
+      fill(
+        this.error,
+        err.message,
+        fields.length
+          ? h(
+              "ul",
+              {},
+              fields.map((t) => h("li", {}, t)),
+            )
+          : null,
+      );
     }
   }
 }

@@ -24,7 +24,17 @@ export class Stopped extends Error {}
  * (the page moved to another session); the run itself goes on.
  * Resolves with {event, data, runId, lastId} at the event that settled the run.
  */
-export async function followRun({ sessionId, runId = null, lastId = 0, open, reopen = false, findRun, onEvent, onLink, stop }) {
+export async function followRun({
+  sessionId,
+  runId = null,
+  lastId = 0,
+  open,
+  reopen = false,
+  findRun,
+  onEvent,
+  onLink,
+  stop,
+}) {
   let first = Boolean(open);
   let failures = 0;
   for (;;) {
@@ -72,7 +82,11 @@ export async function followRun({ sessionId, runId = null, lastId = 0, open, reo
       }
     } catch (err) {
       if (stop?.aborted) throw new Stopped();
-      const network = connection.signal.aborted || err?.name === "AbortError" || err instanceof TypeError || (err instanceof ApiError && err.transient);
+      const network =
+        connection.signal.aborted ||
+        err?.name === "AbortError" ||
+        err instanceof TypeError ||
+        (err instanceof ApiError && err.transient);
       if (!network) throw err;
     } finally {
       clearTimeout(idle);

@@ -21,7 +21,9 @@ export class Tree {
   /** Versions of a message: messages of the same role under the same parent. */
   siblings(msg) {
     if (!this.nodes.has(msg.uuid) || msg.subtype) return null;
-    const list = this.kids(msg.parent_uuid ?? null).filter((n) => n.role === msg.role && !n.subtype && n.type === msg.type);
+    const list = this.kids(msg.parent_uuid ?? null).filter(
+      (n) => n.role === msg.role && !n.subtype && n.type === msg.type,
+    );
     if (list.length < 2) return null;
     return { list, index: list.findIndex((n) => n.uuid === msg.uuid) + 1, count: list.length };
   }
@@ -50,7 +52,11 @@ export function renderTree(root, tree, chain, head, onPick, busy) {
   }
   const onChain = new Set(chain);
   const line = (node) => {
-    const label = node.subtype ? `${node.subtype.replace("_", " ")}` : node.role === "assistant" ? "Assistant" : "You";
+    const label = node.subtype
+      ? `${node.subtype.replace("_", " ")}`
+      : node.role === "assistant"
+        ? "Assistant"
+        : "You";
     return h(
       "button",
       {
@@ -78,12 +84,35 @@ export function renderTree(root, tree, chain, head, onPick, busy) {
         node = kids[0];
         continue;
       }
-      if (kids.length > 1) items.push(h("li", { class: "fork" }, kids.map((k) => h("ul", { class: "branch" }, branch(k)))));
+      if (kids.length > 1)
+        items.push(
+          h(
+            "li",
+            { class: "fork" },
+            kids.map((k) => h("ul", { class: "branch" }, branch(k))),
+          ),
+        );
       return items;
     }
   };
   // Several roots (a first message edited, a conversation cleared) fork at the top.
   const roots = tree.kids(null);
-  const top = roots.length === 1 ? branch(roots[0]) : [h("li", { class: "fork" }, roots.map((r) => h("ul", { class: "branch" }, branch(r))))];
-  fill(root, h("div", { class: "outline", role: "group", "aria-label": "Message tree" }, h("ul", { class: "branch" }, top)));
+  const top =
+    roots.length === 1
+      ? branch(roots[0])
+      : [
+          h(
+            "li",
+            { class: "fork" },
+            roots.map((r) => h("ul", { class: "branch" }, branch(r))),
+          ),
+        ];
+  fill(
+    root,
+    h(
+      "div",
+      { class: "outline", role: "group", "aria-label": "Message tree" },
+      h("ul", { class: "branch" }, top),
+    ),
+  );
 }
