@@ -1,7 +1,8 @@
 # Everything runs inside .venv, created from the lock file on first use.
 # `make run` serves on 127.0.0.1:8000 (embedded SQLite, offline model, no key needed);
 # `make test` runs the whole test suite against the Postgres at DATABASE_URL;
-# `make check` runs lint (ruff, import contracts), types (mypy) and the tests.
+# `make check` runs lint (ruff, import contracts), types (mypy) and the tests;
+# `make test-browser` only the playground's tests in headless Chromium (apt-get install chromium).
 
 PYTHON ?= python3
 UV_VERSION := 0.13.9
@@ -10,7 +11,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 STAMP := $(VENV)/.synced
 
-.PHONY: run test check lint types openapi migrate bench clean
+.PHONY: run test test-browser check lint types openapi migrate bench clean
 
 # uv (the installer) lives in its own small venv so `uv sync` never removes it.
 $(UV):
@@ -26,6 +27,9 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(UV) run --frozen pytest
+
+test-browser: $(STAMP)
+	$(UV) run --frozen pytest -m browser
 
 check: lint types test
 
@@ -47,4 +51,4 @@ bench: $(STAMP)
 	$(UV) run --frozen python -m bench
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache tests/artifacts

@@ -1,97 +1,115 @@
-"""GET /: a one-page playground to try a session by hand (no build step, no key needed
-to load it; the page asks for a key when the service has them)."""
+"""The playground: Parley's reference web client, served at GET / (not part of the OpenAPI
+document).
+
+The page is static files in `app/web/` (HTML, CSS and ES modules, no build step), read
+once at import and served from memory under `/playground/`; `GET /playground/config.json`
+tells the page what this service offers. Every answer carries a strict
+Content-Security-Policy: only this origin's scripts, styles and connections.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from fastapi.responses import HTMLResponse
+import hashlib
+import mimetypes
+from dataclasses import dataclass
+from pathlib import Path
 
-router = APIRouter(tags=["operations"])
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 
-PAGE = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Parley playground</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body{font:15px/1.45 system-ui,sans-serif;max-width:860px;margin:2rem auto;padding:0 1rem;color:#222}
-textarea,input{width:100%;box-sizing:border-box;font:inherit;padding:.4rem}
-button{font:inherit;padding:.35rem .9rem;margin:.3rem .3rem 0 0}
-#log{white-space:pre-wrap;border:1px solid #ccc;border-radius:6px;padding:.7rem;min-height:8rem}
-.u{color:#0a5}.a{color:#024}.t{color:#a60}.e{color:#b00}small{color:#666}
-</style></head><body>
-<h1>Parley playground</h1>
-<p><small>Creates a session with the built-in workspace tools and streams replies over SSE.
-With the offline model, write <code>/tool Write {"file_path": "a.txt", "content": "hi"}</code>
-on a line of its own to make it call a tool.</small></p>
-<label>API key (leave empty when the service runs open)<input id="key" type="password"></label>
-<p><button id="new">New session</button><small id="sid"></small></p>
-<textarea id="msg" rows="3" placeholder="Say something"></textarea>
-<button id="send">Send</button><button id="compact">Compact</button>
-<div id="log"></div>
-<script>
-let session = null;
-const $ = (id) => document.getElementById(id);
-const headers = () => {
-  const h = {"Content-Type": "application/json"};
-  if ($("key").value) h["Authorization"] = "Bearer " + $("key").value;
-  return h;
-};
-const line = (cls, text) => {
-  const s = document.createElement("div"); s.className = cls; s.textContent = text;
-  $("log").appendChild(s); return s;
-};
-$("new").onclick = async () => {
-  const r = await fetch("/sessions", {method: "POST", headers: headers(),
-    body: JSON.stringify({title: "playground", builtin_tools: ["Read","Write","Edit","Glob","Grep"]})});
-  const body = await r.json();
-  if (!r.ok) { line("e", body.detail); return; }
-  session = body.id; $("sid").textContent = " session " + session; $("log").textContent = "";
-};
-$("send").onclick = async () => {
-  if (!session) await $("new").onclick();
-  const text = $("msg").value; if (!text.trim()) return;
-  line("u", "you: " + text); $("msg").value = "";
-  const r = await fetch(`/sessions/${session}/messages`, {method: "POST", headers: headers(),
-    body: JSON.stringify({content: text, stream: true})});
-  if (!r.ok) { line("e", (await r.json()).detail); return; }
-  const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
-  let buf = "", current = null;
-  for (;;) {
-    const {value, done} = await reader.read(); if (done) break;
-    buf += value;
-    let cut;
-    while ((cut = buf.search(/\\r?\\n\\r?\\n/)) >= 0) {
-      const chunk = buf.slice(0, cut); buf = buf.slice(cut).replace(/^\\r?\\n\\r?\\n/, "");
-      let event = "message", data = "";
-      for (const l of chunk.split(/\\r?\\n/)) {
-        if (l.startsWith("event:")) event = l.slice(6).trim();
-        else if (l.startsWith("data:")) data += l.slice(5).trim();
-      }
-      if (!data) continue;
-      const d = JSON.parse(data);
-      if (event === "message.started") current = line("a", "assistant: ");
-      else if (event === "text.delta" && current) current.textContent += d.text;
-      else if (event === "tool_use") line("t", `tool ${d.name}(${JSON.stringify(d.input)})`);
-      else if (event === "tool_result") line("t", "result: " + String(d.content).slice(0, 300));
-      else if (event === "message.discarded" && current) current.remove();
-      else if (event === "run.failed") line("e", "failed: " + d.error.message);
-      else if (event.startsWith("compaction.")) line("t", event + " " + JSON.stringify(d));
-    }
-  }
-};
-$("compact").onclick = async () => {
-  if (!session) return;
-  const r = await fetch(`/sessions/${session}/compact`, {method: "POST", headers: headers(), body: "{}"});
-  const body = await r.json();
-  line(r.ok ? "t" : "e", r.ok ? `compacted: ${body.pre_tokens} -> ${body.post_tokens} tokens` : body.detail);
-};
-</script></body></html>
-"""
+from app.api.deps import RuntimeDep
+from app.context.tools import BuiltinTool
+from app.errors import NotFound
 
+router = APIRouter(tags=["playground"], include_in_schema=False)
 
-@router.get(
-    "/", response_class=HTMLResponse, include_in_schema=False, summary="Open the playground"
+WEB_ROOT = Path(__file__).resolve().parents[1] / "web"
+ASSET_PREFIX = "/playground/"
+CONTENT_SECURITY_POLICY = "; ".join(
+    (
+        "default-src 'self'",
+        "script-src 'self'",
+        "style-src 'self'",
+        "img-src 'self' data: blob:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    )
 )
-async def playground() -> HTMLResponse:
-    """A small HTML page for trying the API from a browser (not part of the OpenAPI
-    document)."""
-    return HTMLResponse(PAGE)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+MEDIA_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+    ".png": "image/png",
+    ".txt": "text/plain; charset=utf-8",
+}
+
+
+@dataclass(frozen=True)
+class Asset:
+    body: bytes
+    media_type: str
+    etag: str
+
+
+def _load(root: Path) -> dict[str, Asset]:
+    """Every file under `root` by its relative path: the only paths ever served."""
+    assets: dict[str, Asset] = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.name.startswith("."):
+            continue
+        body = path.read_bytes()
+        media_type = MEDIA_TYPES.get(path.suffix) or (
+            mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        )
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        assets[path.relative_to(root).as_posix()] = Asset(body, media_type, etag)
+    return assets
+
+
+ASSETS = _load(WEB_ROOT)
+
+
+def _serve(asset: Asset, request: Request) -> Response:
+    headers = {**SECURITY_HEADERS, "ETag": asset.etag}
+    if request.headers.get("if-none-match") == asset.etag:
+        return Response(status_code=304, headers=headers)
+    return Response(asset.body, media_type=asset.media_type, headers=headers)
+
+
+@router.get("/", summary="Open the playground")
+async def playground(request: Request) -> Response:
+    """The playground page."""
+    return _serve(ASSETS["index.html"], request)
+
+
+@router.get(ASSET_PREFIX + "config.json", summary="Playground settings")
+async def playground_config(runtime: RuntimeDep) -> JSONResponse:
+    """What the page needs to know about this service (no secrets): the model provider
+    and default model, the built-in tools, whether an API key is required."""
+    settings = runtime.settings
+    body = {
+        "provider": settings.provider,
+        "default_model": settings.model,
+        "builtin_tools": [tool.value for tool in BuiltinTool],
+        "key_required": not runtime.open_mode,
+    }
+    return JSONResponse(body, headers=SECURITY_HEADERS)
+
+
+@router.get(ASSET_PREFIX + "{path:path}", summary="Playground assets")
+async def playground_asset(path: str, request: Request) -> Response:
+    """A static file of the page (scripts, styles, icons)."""
+    asset = ASSETS.get(path)
+    if asset is None or path == "index.html":
+        raise NotFound(f"No playground asset {path!r}")
+    return _serve(asset, request)
