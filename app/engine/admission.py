@@ -216,8 +216,9 @@ class Admission:
             await db.refresh(run)
             await db.refresh(session)
             return run
+        answered = None
         if run.status == RunStatus.REQUIRES_ACTION:
-            await runs.answer_open_tool_uses(
+            answered = await runs.answer_open_tool_uses(
                 db,
                 session.id,
                 session.head_uuid,
@@ -225,7 +226,9 @@ class Admission:
                 runs.CANCELLED_TOOL_TEXT,
                 run.state.results,
             )
-        await runs.end(db, self.resources.events, run, RunStatus.CANCELLED)
+            if answered is not None:  # a turn claimed next in this transaction follows it
+                set_committed_value(session, "head_uuid", answered.uuid)
+        await runs.end(db, self.resources.events, run, RunStatus.CANCELLED, answered=answered)
         self.resources.events.wake(run.id)
         metrics.runs_total.labels(run.kind, "cancelled").inc()
         return run

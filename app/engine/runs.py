@@ -89,11 +89,14 @@ async def by_idempotency_key(db: AsyncSession, session_id: uuid.UUID, key: str) 
 
 
 async def oldest_queued(db: AsyncSession, session_id: uuid.UUID) -> Run | None:
+    """The next queued run to start, locked until the caller's transaction ends: one
+    that another transaction is starting right now is skipped (it starts once)."""
     return await db.scalar(
         select(Run)
         .where(Run.session_id == session_id, Run.status == RunStatus.QUEUED)
         .order_by(Run.created_at, Run.id)
         .limit(1)
+        .with_for_update(skip_locked=True)
     )
 
 
@@ -223,15 +226,21 @@ async def end(
     run: Run,
     status: RunStatus,
     error: dict[str, Any] | None = None,
+    *,
+    answered: MessageRecord | None = None,
 ) -> None:
-    """Finish a run no task here is executing and report it (the caller has answered its
-    open tool uses)."""
+    """Finish a run no task here is executing and report it, with the message that
+    answered its open tool uses (`answer_open_tool_uses`), if one was stored."""
     run.status = status
     run.error = error
     run.required_action = None
     run.finished_at = now()
     run.lease_expires_at = None
-    await append_events(db, hub, run, [(f"run.{status}", run_json(run))], after=None)
+    events: list[tuple[str, Any]] = []
+    if answered is not None:
+        events.append(("message.completed", message_payload(answered)))
+    events.append((f"run.{status}", run_json(run)))
+    await append_events(db, hub, run, events, after=None)
     await db.flush()
 
 

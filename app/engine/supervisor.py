@@ -239,10 +239,10 @@ class Supervisor:
                     "message": "The process running this turn stopped; post again to continue",
                 }
                 text = runs.INTERRUPTED_TOOL_TEXT
-            await runs.answer_open_tool_uses(
+            answered = await runs.answer_open_tool_uses(
                 db, session.id, session.head_uuid, run.id, text, run.state.results
             )
-            await runs.end(db, hub, run, RunStatus.FAILED, error)
+            await runs.end(db, hub, run, RunStatus.FAILED, error, answered=answered)
             log.warning("run %s failed: %s", run.id, error["type"])
         metrics.runs_total.labels(run.kind, "failed").inc()
         hub.wake(run_id)

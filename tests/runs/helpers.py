@@ -31,6 +31,10 @@ async def stream(
     async with aconnect_sse(client, method, url, **kwargs) as source:
         assert source.response.status_code == 200, await source.response.aread()
         async for sse in source.aiter_sse():
+            if sse.event == "message" and not sse.data:
+                # A keep-alive ping (an SSE comment): httpx-sse reports one that follows
+                # an event with an id as an empty "message" event.
+                continue
             events.append(Event(sse.id, sse.event, sse.data))
             if limit is not None and len(events) >= limit:
                 break

@@ -1,9 +1,8 @@
-"""Posting turns against the fake Anthropic API through the real SDK: streaming, tools,
-client tools, reconnects, modes."""
+"""Posting turns over HTTP against the fake Anthropic API through the real SDK: client
+tools over the routes, reconnects, `if_busy`, idempotency, delivery modes, branches.
+The loop itself is tested below HTTP (tests/engine)."""
 
 from __future__ import annotations
-
-import asyncio
 
 from tests.conftest import LiveServer
 from tests.fake_anthropic import FakeAnthropic, items
@@ -17,53 +16,6 @@ from tests.runs.helpers import (
     post_stream,
     stream,
 )
-
-
-async def test_streamed_multi_tool_turn(live_fake: LiveServer, fake: FakeAnthropic) -> None:
-    fake.script(
-        items.message(
-            "I'll write then read.",
-            items.tool_use("Write", {"file_path": "notes/a.txt", "content": "alpha\nbeta\n"}),
-        ),
-        items.message(
-            items.tool_use("Read", {"file_path": "notes/a.txt"}),
-            items.tool_use("Grep", {"pattern": "beta", "output_mode": "content"}),
-        ),
-        items.message("Done: the file has two lines."),
-    )
-    async with live_fake.client() as client:
-        sid = await new_session(client, builtin_tools=["Read", "Write", "Grep"], system="sys")
-        events = await post_stream(client, sid, "write a file")
-    assert_gap_free(events)
-    seq = names(events)
-    assert seq[0] == "run.started"
-    assert seq[1] == "message.completed"  # the user's message, as stored
-    assert seq[-1] == "run.completed"
-    assert seq.count("message.started") == 3
-    assert seq.count("tool_use") == 3
-    assert seq.count("tool_result") == 3
-    text = "".join(e.json["text"] for e in events if e.event == "text.delta")
-    assert text == "I'll write then read.Done: the file has two lines."
-    results = [e.json for e in events if e.event == "tool_result"]
-    assert not any(r["is_error"] for r in results), results
-    assert "1\talpha" in results[1]["content"]
-    assert "notes/a.txt:2:beta" in results[2]["content"]
-    # Every delta belongs to a message that was then stored with the same uuid.
-    completed = {e.json["uuid"] for e in events if e.event == "message.completed"}
-    assert {e.json["message_uuid"] for e in events if e.event == "text.delta"} <= completed
-    async with live_fake.client() as client:
-        stored = await messages(client, sid)
-        roles = [m["role"] for m in stored]
-        assert roles == ["user", "assistant", "user", "assistant", "user", "assistant"]
-        assert (await client.get(f"/sessions/{sid}/files/notes/a.txt")).content == b"alpha\nbeta\n"
-        session = (await client.get(f"/sessions/{sid}")).json()
-        assert session["usage"]["output_tokens"] > 0
-        assert session["status"] == "idle"
-        await assert_next_request_valid(client, sid)
-    # The third request carried both results, answering both parallel tool uses.
-    last = fake.requests[-1]["messages"]
-    assert [b["type"] for b in last[-1]["content"]] == ["tool_result", "tool_result"]
-    all_accepted(fake)
 
 
 async def test_client_tool_pauses_and_resumes(live_fake: LiveServer, fake: FakeAnthropic) -> None:
@@ -148,54 +100,44 @@ async def test_reconnect_with_last_event_id_loses_nothing(
         assert by_query[0].id == "3"
 
 
-async def test_second_turn_refused_then_enqueue_and_interrupt(
+async def test_busy_session_refuses_enqueues_and_interrupts(
     live_fake: LiveServer, fake: FakeAnthropic
 ) -> None:
+    """`if_busy` over HTTP; the engine tests cover the runs themselves. A run paused
+    for a client tool holds the session without anything to wait for."""
+    weather = {"name": "get_weather", "input_schema": {"type": "object"}}
     fake.script(
-        items.message("slow one", delay=1.0),
-        "queued reply",
-        "third reply",
-        items.message("x", delay=5),
+        items.message(items.tool_use("get_weather", {}, id="toolu_w")),
         "after interrupt",
+        "queued reply",
     )
     async with live_fake.client() as client:
-        sid = await new_session(client)
-        first = (
-            await client.post(
-                f"/sessions/{sid}/messages", json={"content": "one", "background": True}
-            )
-        ).json()
+        sid = await new_session(client, tools=[weather])
+        first = (await client.post(f"/sessions/{sid}/messages", json={"content": "one"})).json()
+        assert first["run"]["status"] == "requires_action"
+        held = first["run"]["id"]
         busy = await client.post(f"/sessions/{sid}/messages", json={"content": "two"})
         assert busy.status_code == 409
-        assert busy.json()["run_id"] == first["id"]
-        assert first["id"] in busy.json()["detail"]
+        assert busy.json()["run_id"] == held
+        assert held in busy.json()["detail"]
         queued = await client.post(
             f"/sessions/{sid}/messages",
             json={"content": "two", "if_busy": "enqueue", "background": True},
         )
         assert queued.status_code == 202
         assert queued.json()["status"] == "queued"
-        done = await client.post(
-            f"/sessions/{sid}/messages", json={"content": "three", "if_busy": "enqueue"}
-        )
-        assert done.status_code == 200
-        assert done.json()["run"]["status"] == "completed"
-        texts = [m["content"][0].get("text") for m in await messages(client, sid)]
-        assert texts == ["one", "slow one", "two", "queued reply", "three", "third reply"]
-        # interrupt: cancels the active run, then starts
-        slow = (
-            await client.post(
-                f"/sessions/{sid}/messages", json={"content": "four", "background": True}
-            )
-        ).json()
-        await asyncio.sleep(0.2)
         new = await client.post(
-            f"/sessions/{sid}/messages", json={"content": "five", "if_busy": "interrupt"}
+            f"/sessions/{sid}/messages", json={"content": "three", "if_busy": "interrupt"}
         )
         assert new.status_code == 200, new.text
         assert new.json()["run"]["status"] == "completed"
-        old = (await client.get(f"/sessions/{sid}/runs/{slow['id']}")).json()
+        old = (await client.get(f"/sessions/{sid}/runs/{held}")).json()
         assert old["status"] == "cancelled"
+        # The queued turn starts once the session is free.
+        rest = await stream(client, "GET", f"/sessions/{sid}/runs/{queued.json()['id']}/events")
+        assert names(rest)[-1] == "run.completed"
+        texts = [m["content"][0].get("text") for m in await messages(client, sid)]
+        assert texts == ["one", None, None, "three", "after interrupt", "two", "queued reply"]
         await assert_next_request_valid(client, sid)
     all_accepted(fake)
 
