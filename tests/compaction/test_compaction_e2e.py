@@ -177,8 +177,8 @@ async def test_manual_compaction_conflicts_and_upstream_failure(
 ) -> None:
     async with live_fake.client() as client:
         sid = await new_session(client)
-        for i in range(3):
-            await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i}"})
+        for i in range(6):  # long enough that compacting would gain
+            await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i} " * 600})
         before = await messages(client, sid)
         fake.script(items.error(400, "summary refused"))
         failed = await client.post(f"/sessions/{sid}/compact", json={})
