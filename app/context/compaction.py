@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from app.context.blocks import is_clean_user_turn
 from app.context.cut import Cut, find_cut, newest_round_cut, no_cut_reason
 from app.context.estimates import view_estimate
+from app.context.micro import MicroPlan, apply_micro, plan_micro
 from app.context.models import model_info
 from app.context.projection import CollapseSpan
 from app.context.session import SessionConfig
@@ -184,6 +185,30 @@ def quoted_prompts(stored: Sequence[Node], plan: CompactionPlan) -> tuple[list[s
     return prompts, recent_user_messages(prompts, prompts_budget(estimate_messages(plan.compacted)))
 
 
+def settle_kept(
+    config: SessionConfig, kept: list[Node], *, cold: bool
+) -> tuple[list[Node], MicroPlan | None]:
+    """The kept messages as the next request will show them. A compaction starts a new
+    prompt prefix; when the session's cache is cold as well (expired, or never written:
+    an imported session), micro-compaction would clear the kept part's older results on
+    the next request, so the compaction does it (the plan: its watermark, an index into
+    `kept`), and its figures are the next request's."""
+    settings = config.compaction
+    if not settings.micro or not cold:
+        return kept, None
+    micro = plan_micro(
+        kept,
+        watermark=None,
+        compactable=config.compactable,
+        keep_recent=settings.keep_recent_tool_results,
+        batch_tokens=settings.micro_batch_tokens,
+        cache_cold=True,
+    )
+    if micro is None:
+        return kept, None
+    return apply_micro(kept, micro.watermark, config.compactable), micro
+
+
 def text_node(text: str, uuid: str = "") -> Node:
     """A user message of one text block, as the estimates see it."""
     content: list[Block] = [{"type": "text", "text": text}]
@@ -200,15 +225,16 @@ def compacted_view(summary_text: str, files: Sequence[str], kept: Sequence[Node]
 
 def post_floor(
     config: SessionConfig,
-    plan: CompactionPlan,
+    kept: Sequence[Node],
     quoted: list[str],
     files: Sequence[str],
     *,
     continue_work: bool,
 ) -> int:
-    """The least the next request could take after compacting by `plan`: everything but
-    the summary as it will be, the summary at its least (`MIN_SUMMARY_TOKENS`)."""
+    """The least the next request could take after a compaction keeping `kept`:
+    everything but the summary as it will be, the summary at its least
+    (`MIN_SUMMARY_TOKENS`)."""
     factor = model_info(config.model).tokens_per_char_factor
     frame = summary_message("", quoted, continue_work=continue_work)
-    view = compacted_view(frame, files, plan.kept)
+    view = compacted_view(frame, files, kept)
     return view_estimate(config, view) + int(MIN_SUMMARY_TOKENS * factor)

@@ -25,13 +25,13 @@ reply is considered. Rows the model never sees count for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.context.blocks import is_internal
+from app.context.blocks import is_internal, tool_use_ids
 from app.context.models import model_info
 from app.context.session import SessionConfig
-from app.context.tokens import estimate_system, estimate_tools, node_tokens
+from app.context.tokens import estimate_block, estimate_system, estimate_tools, node_tokens
 from app.context.types import ASSISTANT, Node
 
 # The metadata key of a reply Parley stored: the estimate (calibration tokens, system
@@ -44,15 +44,37 @@ def definitions_estimate(config: SessionConfig) -> int:
     return estimate_system(config.system) + estimate_tools(config.tool_definitions)
 
 
-def request_estimate(config: SessionConfig, nodes: Iterable[Node]) -> int:
+def request_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
     """The estimate of a request built from `nodes`, system and tools included, in
-    calibration tokens: what a reply records as `REQUEST_ESTIMATE`."""
-    return definitions_estimate(config) + sum(
-        node_tokens(node) for node in nodes if not is_internal(node)
+    calibration tokens: what a reply records as `REQUEST_ESTIMATE`. A final reply's
+    thinking is not part of it (a prefill is sent without, `normalize_for_api`)."""
+    return (
+        definitions_estimate(config)
+        + sum(node_tokens(node) for node in nodes if not is_internal(node))
+        - prefill_thinking(nodes)
     )
 
 
-def view_estimate(config: SessionConfig, nodes: Iterable[Node]) -> int:
+def prefill_thinking(nodes: Sequence[Node]) -> int:
+    """The estimate of the thinking blocks of the final assistant message, when the
+    view ends with one that calls no tool (those blocks are not sent)."""
+    total = 0
+    for node in reversed(nodes):
+        if is_internal(node):
+            continue
+        if node.role != ASSISTANT:
+            break
+        if tool_use_ids(node.content):
+            return 0
+        total += sum(
+            estimate_block(block)
+            for block in node.content
+            if block.get("type") in ("thinking", "redacted_thinking")
+        )
+    return total
+
+
+def view_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
     """A pure estimate of a request built from `nodes` (system and tools included), in
     the session model's tokens."""
     return int(request_estimate(config, nodes) * model_info(config.model).tokens_per_char_factor)
@@ -93,9 +115,12 @@ def anchored_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
     anchored on the newest reply whose usage measured this view's prefix, estimated
     from content otherwise (module doc)."""
     factor = model_info(config.model).tokens_per_char_factor
-    total = request_estimate(config, nodes)
+    total = definitions_estimate(config) + sum(
+        node_tokens(node) for node in nodes if not is_internal(node)
+    )
     after = 0
-    for node in reversed(nodes):
+    for i in range(len(nodes) - 1, -1, -1):
+        node = nodes[i]
         if is_internal(node):
             continue
         tokens = node_tokens(node)
@@ -106,6 +131,7 @@ def anchored_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
             changed = prefix - recorded
             if abs(changed) > prefix:
                 break  # most of what it measured is gone: estimate the view instead
-            return max(int(measured + output + (changed + after) * factor), 0)
+            rest = after - prefill_thinking(nodes[i + 1 :]) if after else 0
+            return max(int(measured + output + (changed + rest) * factor), 0)
         after += tokens
-    return int(total * factor)
+    return int((total - prefill_thinking(nodes)) * factor)

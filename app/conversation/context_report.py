@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
+from app.context.cache import cache_cold
 from app.context.compaction import (
     NothingToCompact,
     NothingToGain,
@@ -14,6 +16,7 @@ from app.context.compaction import (
     plan_compaction,
     post_floor,
     quoted_prompts,
+    settle_kept,
 )
 from app.context.estimates import anchored_estimate
 from app.context.limits import Limits
@@ -112,7 +115,9 @@ async def check_compactable(
     except NothingToCompact as exc:
         raise Invalid(str(exc)) from exc
     _, quoted = quoted_prompts(view.nodes, plan)
-    floor = post_floor(config, plan, quoted, [], continue_work=False)
+    cold = cache_cold(session.last_request_at, settings.cache_ttl_seconds, datetime.now(UTC))
+    kept, _ = settle_kept(config, plan.kept, cold=cold)
+    floor = post_floor(config, kept, quoted, [], continue_work=False)
     if not gains(pre, floor, settings.compaction_min_saving):
         refused = NothingToGain(pre, floor, settings.compaction_min_saving)
         raise NoGain(

@@ -229,7 +229,7 @@ def test_no_accepted_compaction_grows_the_view(
     except NothingToCompact:
         return
     _, quoted = quoted_prompts(history, plan)
-    floor = post_floor(cfg, plan, quoted, [], continue_work=True)
+    floor = post_floor(cfg, plan.kept, quoted, [], continue_work=True)
     summary = "s" * int(summary_tokens * 2.8)
     text_ = summary_message(summary, quoted, continue_work=True)
     post = view_estimate(cfg, compacted_view(text_, [], plan.kept))

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from app.context.estimates import (
     REQUEST_ESTIMATE,
     anchored_estimate,
+    prefill_thinking,
     request_estimate,
     view_estimate,
     without_anchor,
@@ -165,12 +166,28 @@ def test_anchored_on_the_unchanged_prefix_is_exact(
     cfg = config()
     index = cut % (len(history) + 1)
     prefix, rest = history[:index], history[index:]
+    if prefix and prefix[-1].role == ASSISTANT:
+        return  # no request ends with a reply (the loop sends after a user message)
     answer = measured(cfg, prefix, "answer", real=real, out=3)
     view = [*prefix, answer, *rest]
-    after = sum(node_tokens(n) for n in rest)
+    # (a final reply's thinking is not sent: a prefill goes without it)
+    after = sum(node_tokens(n) for n in rest) - prefill_thinking(rest)
     assert anchored_estimate(cfg, view) == real + 3 + after
     copied = [*prefix, _with_meta(answer, without_anchor(answer.meta)), *rest]
     assert anchored_estimate(cfg, copied) == view_estimate(cfg, copied)
+
+
+def test_a_final_replys_thinking_is_not_counted() -> None:
+    """It is not sent (GET /context/request sends that reply as a prefill without it)."""
+    cfg = config()
+    prompt = node("u1", USER, [text("hello")], type=USER)
+    signed = {"type": "thinking", "thinking": "ponder " * 100, "signature": "s"}
+    final = node("a1", ASSISTANT, [signed, text("hi")], type=ASSISTANT)
+    assert view_estimate(cfg, [prompt, final]) == view_estimate(
+        cfg, [prompt, node("a1", ASSISTANT, [text("hi")], type=ASSISTANT)]
+    )
+    calling = node("a2", ASSISTANT, [signed, tool_use("t", "Read", file_path="f")])
+    assert prefill_thinking([prompt, calling]) == 0
 
 
 def test_the_new_tokenizer_factor_scales_only_what_is_estimated() -> None:

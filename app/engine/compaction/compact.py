@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.context.cache import cache_cold
 from app.context.compaction import (
     FILE_TOKENS,
     FILES_SHARE,
@@ -32,9 +34,11 @@ from app.context.compaction import (
     post_floor,
     quoted_prompts,
     raw_budget,
+    settle_kept,
 )
 from app.context.estimates import anchored_estimate, view_estimate, without_anchor
 from app.context.limits import Limits
+from app.context.micro import MicroPlan
 from app.context.restore import file_from_history, files_to_reattach
 from app.context.summary_prompt import summary_message
 from app.context.tokens import CHARS_PER_TOKEN, estimate_content
@@ -58,6 +62,13 @@ async def current_view(run: RunHandle) -> ChainView:
         return await load_view(
             db, resources.views, run.session.id, run.head, run.config.compactable
         )
+
+
+def settled_kept(run: RunHandle, planned: CompactionPlan) -> tuple[list[Node], MicroPlan | None]:
+    cold = cache_cold(
+        run.session.last_request_at, run.resources.settings.cache_ttl_seconds, datetime.now(UTC)
+    )
+    return settle_kept(run.config, planned.kept, cold=cold)
 
 
 def plan(run: RunHandle, view: ChainView, threshold: int, pre_tokens: int) -> CompactionPlan:
@@ -115,9 +126,10 @@ async def compact(
         pre = pre_tokens or anchored_estimate(run.config, view.projected)
         planned = plan(run, view, threshold, pre)
         draft = await draft_for(run, view, planned, threshold, pre)
+        kept, micro = settled_kept(run, planned)
         continue_work = trigger != CompactionTrigger.MANUAL
         floor = post_floor(
-            run.config, planned, draft.quoted, draft.file_texts, continue_work=continue_work
+            run.config, kept, draft.quoted, draft.file_texts, continue_work=continue_work
         )
         if not gains(pre, floor, min_saving):
             raise NothingToGain(pre, floor, min_saving)
@@ -125,7 +137,7 @@ async def compact(
         await call_hooks(resources.hooks, "before", CompactionEvent(session.id, trigger, pre))
         summary = await summarise(run, planned, instructions, draft.prompts)
         text = draft.message(summary, trigger)
-        post = view_estimate(run.config, compacted_view(text, draft.file_texts, planned.kept))
+        post = view_estimate(run.config, compacted_view(text, draft.file_texts, kept))
         if not gains(pre, post, min_saving):
             raise NothingToGain(pre, post, min_saving)
     except NothingToGain as exc:
@@ -142,6 +154,7 @@ async def compact(
         draft,
         summary,
         text,
+        micro,
         trigger=trigger,
         pre_tokens=pre,
         post_tokens=post,
@@ -214,6 +227,7 @@ async def store_compaction(
     draft: Draft,
     summary: str,
     text: str,
+    micro: MicroPlan | None,
     *,
     trigger: CompactionTrigger,
     pre_tokens: int,
@@ -223,7 +237,8 @@ async def store_compaction(
     """Append the boundary, the summary, re-attached files and copies of the kept rows
     (invariant 1: nothing rewritten, nothing re-parented) and report them, in one step.
     A copy keeps its row's content (the newest round's shrunk tool results excepted)
-    but not the usage's standing as an anchor: it measured the view before."""
+    but not the usage's standing as an anchor: it measured the view before. `micro`:
+    a watermark to set on the copies (`settled_kept`)."""
     session_id = run.session.id
     kept_records = view.records[planned.kept_from :]
     covered = view.records[: planned.kept_from]
@@ -300,6 +315,9 @@ async def store_compaction(
             chain.append(copy)
         stored = await step.append(*chain)
         await marks.copy_marks(step.db, session_id, session_id, copies)
+        if micro is not None:  # the kept part's older results, cleared now (settled_kept)
+            anchor = uuid.UUID(planned.kept[micro.watermark].uuid)
+            marks.add_watermark(step.db, session_id, copies[anchor], micro.tokens_freed)
         await step.db.execute(
             update(AgentSession).where(AgentSession.id == session_id).values(compact_failures=0)
         )
