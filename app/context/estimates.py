@@ -110,11 +110,9 @@ def without_anchor(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
     return {key: value for key, value in metadata.items() if key != REQUEST_ESTIMATE}
 
 
-def anchored_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
-    """The figure of the request built from `nodes` (the view as projected now):
-    anchored on the newest reply whose usage measured this view's prefix, estimated
-    from content otherwise (module doc)."""
-    factor = model_info(config.model).tokens_per_char_factor
+def _anchor(config: SessionConfig, nodes: Sequence[Node]) -> tuple[int, int, int, int, int] | None:
+    """The anchoring reply of a view, as `(index, measured input, output, change of its
+    prefix's estimate, estimates after it)`; None when no reply anchors (module doc)."""
     total = definitions_estimate(config) + sum(
         node_tokens(node) for node in nodes if not is_internal(node)
     )
@@ -130,8 +128,27 @@ def anchored_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
             prefix = total - after - tokens
             changed = prefix - recorded
             if abs(changed) > prefix:
-                break  # most of what it measured is gone: estimate the view instead
-            rest = after - prefill_thinking(nodes[i + 1 :]) if after else 0
-            return max(int(measured + output + (changed + rest) * factor), 0)
+                return None  # most of what it measured is gone
+            return i, measured, output, changed, after
         after += tokens
-    return int((total - prefill_thinking(nodes)) * factor)
+    return None
+
+
+def anchored_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
+    """The figure of the request built from `nodes` (the view as projected now):
+    anchored on the newest reply whose usage measured this view's prefix, estimated
+    from content otherwise (module doc)."""
+    factor = model_info(config.model).tokens_per_char_factor
+    found = _anchor(config, nodes)
+    if found is None:
+        return int(request_estimate(config, nodes) * factor)
+    i, measured, output, changed, after = found
+    rest = after - prefill_thinking(nodes[i + 1 :]) if after else 0
+    return max(int(measured + output + (changed + rest) * factor), 0)
+
+
+def prefix_sent(config: SessionConfig, nodes: Sequence[Node]) -> bool:
+    """Whether Parley has sent a prefix of this view (a reply in it anchors): what a
+    prompt cache can hold of it. An imported transcript, or the view a compaction just
+    left, holds none: whatever the session sent before, this prefix was never sent."""
+    return _anchor(config, nodes) is not None

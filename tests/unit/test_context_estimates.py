@@ -15,6 +15,7 @@ from app.context.estimates import (
     REQUEST_ESTIMATE,
     anchored_estimate,
     prefill_thinking,
+    prefix_sent,
     request_estimate,
     view_estimate,
     without_anchor,
@@ -196,3 +197,17 @@ def test_the_new_tokenizer_factor_scales_only_what_is_estimated() -> None:
     later = node("u2", USER, [text("more " * 100)], type=USER)
     view = [*first, measured(cfg, first, "a1", real=1_000, out=10), later]
     assert anchored_estimate(cfg, view) == int(1_010 + 1.3 * node_tokens(later))
+
+
+def test_prefix_sent_only_when_a_reply_measured_the_view() -> None:
+    """The summary request reuses the prompt cache only for a view Parley has sent:
+    not an imported one, not the one a compaction just left."""
+    cfg = config()
+    first = [node("u1", USER, [text("hello " * 40)], type=USER)]
+    sent = [*first, measured(cfg, first, "a1", real=1_000)]
+    assert prefix_sent(cfg, sent)
+    usage = {"input_tokens": 90_000, "output_tokens": 12}
+    imported = [*first, reply("a1", "answer", usage=usage, meta={"source_uuid": "x"})]
+    assert not prefix_sent(cfg, imported)
+    copied = [first[0], _with_meta(sent[1], without_anchor(sent[1].meta))]
+    assert not prefix_sent(cfg, copied)

@@ -17,7 +17,7 @@ from app.context.blocks import result_text
 from app.context.cache import cache_cold
 from app.context.compaction import CompactionPlan, text_node
 from app.context.cut import api_rounds
-from app.context.estimates import view_estimate
+from app.context.estimates import prefix_sent, view_estimate
 from app.context.limits import Limits
 from app.context.render import render_for_summary
 from app.context.request import build_body
@@ -94,7 +94,10 @@ async def summarise(
         view_estimate(config, plan.projected) + chars_to_tokens(len(instruction)) + max_tokens
         <= limits.context_window
     )
-    cold = cache_cold(run.session.last_request_at, settings.cache_ttl_seconds, datetime.now(UTC))
+    # Cold: expired, or this view's prefix was never sent (imported, just compacted).
+    cold = cache_cold(
+        run.session.last_request_at, settings.cache_ttl_seconds, datetime.now(UTC)
+    ) or not prefix_sent(config, plan.projected)
     if model == config.model and fits and not cold:
         shown = "\n".join(_texts(plan.projected))
         section = unseen_prompts(prompts, shown, limits.context_window)
