@@ -100,11 +100,17 @@ from sqlalchemy import func, select, update
 
 from app.config import Settings
 from app.context.compaction import human_prompts
-from app.context.estimates import anchored_estimate, view_estimate
+from app.context.estimates import (
+    REQUEST_ESTIMATE,
+    anchored_estimate,
+    request_estimate,
+    view_estimate,
+)
 from app.context.micro import apply_micro, plan_micro
 from app.context.session import SessionConfig
 from app.context.summary_prompt import CONTINUATION_HEADER, SUMMARY_MARKER
 from app.context.tokens import (
+    TOOL_ID_TOKENS,
     estimate_content,
     estimate_messages,
     estimate_system,
@@ -1200,6 +1206,18 @@ def tools_tokens() -> int:
     return estimate_tools([*definitions, BASH_TOOL])
 
 
+def sent_by_parley(config: SessionConfig, records: list[MessageRecord]) -> list[MessageRecord]:
+    """The records with their newest reply as the loop would have stored it: the
+    estimate of its request recorded, a usage that measured it."""
+    last = max(i for i, r in enumerate(records) if r.role == "assistant")
+    measured = request_estimate(config, [r.to_node() for r in records[:last]])
+    reply = records[last].with_(
+        usage={"input_tokens": measured, "output_tokens": records[last].token_estimate},
+        metadata={REQUEST_ESTIMATE: measured},
+    )
+    return [*records[:last], reply, *records[last + 1 :]]
+
+
 async def seed_variant(rt: Runtime, name: str, model: str, plan: Plan) -> Variant:
     traffic = Traffic(4)
     system = TextFactory(12).text(9_000, 9_000)
@@ -1215,11 +1233,15 @@ async def seed_variant(rt: Runtime, name: str, model: str, plan: Plan) -> Varian
     )
     async with rt.db.transaction() as db:
         session = await sessions.create(db, TENANT, body, rt.settings)
-        # A session in use: its prompt cache warm (a never-sent one counts as cold, and
-        # its summary request would always be rendered to text).
+        # A session in use: its prompt cache warm and its replies Parley's own (a view
+        # never sent counts as cold: its summary request would be rendered to text).
+        records = sent_by_parley(
+            sessions.config_of(session, rt.settings),
+            records_of(session.id, chain_specs(messages, None, model)),
+        )
         rows = await store.append_many(
             db,
-            records_of(session.id, chain_specs(messages, None, model)),
+            records,
             session_values={"last_request_at": datetime.now(UTC) + timedelta(days=1)},
         )
         workspace = DbWorkspace(db, session.id)
@@ -1533,6 +1555,9 @@ def source_usage(rows: Sequence[MessageRecord]) -> int:
     return 0
 
 
+SIZABLE_REQUEST = 2_000
+
+
 @dataclass(frozen=True)
 class ImportRow:
     name: str
@@ -1600,6 +1625,13 @@ async def part_imports(h: Harness) -> dict[str, Any]:
         f"{max(errors):.1%}; {within}/{len(rows)} within "
         f"{TARGETS['import_error']:.0%} {verdict(max(errors), TARGETS['import_error'])}"
     )
+    sizable = [abs(r.ratio - 1) for r in rows if r.built >= SIZABLE_REQUEST]
+    if sizable:
+        print(
+            f"requests of at least {SIZABLE_REQUEST:,} tokens: {len(sizable)}, worst error "
+            f"{max(sizable):.1%} (below that, tool-id framing the fake does not count but "
+            f"the API does, {TOOL_ID_TOKENS} tokens a block in the estimate, is a large share)"
+        )
     if anchored:
         print(
             f"(the transcript's own usage / request built, the old anchor: "
