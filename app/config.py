@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     micro_batch_tokens: int = Field(default=20_000, ge=0)
     collapse_at: float = Field(default=0.9, gt=0, le=1)
     cache_ttl_seconds: float = Field(default=300.0, gt=0)
+    # A compaction must make the next request at least this share smaller, or it is
+    # refused (manual: 422 nothing_to_gain; automatic: skipped until the view grows).
+    compaction_min_saving: float = Field(default=0.2, ge=0, lt=1)
     compaction_model: str | None = None
     compaction_webhook_url: str | None = None
 

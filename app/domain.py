@@ -32,6 +32,25 @@ ACTIVE_RUN_STATUSES = (RunStatus.RUNNING, RunStatus.REQUIRES_ACTION)
 FINAL_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
 
 
+# The usage figures a model response reports that are summed on the run, the session
+# and the metrics (every model call counts: turns, summaries, collapses).
+USAGE_COUNTERS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+
+
+def usage_counts(usage: dict[str, Any] | None) -> dict[str, int]:
+    """The counters of a response's usage (nested objects and unknown keys left out)."""
+    return {
+        key: int(value)
+        for key, value in (usage or {}).items()
+        if key in USAGE_COUNTERS and isinstance(value, int) and not isinstance(value, bool)
+    }
+
+
 class RunKind(StrEnum):
     TURN = "turn"
     COMPACT = "compact"

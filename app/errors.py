@@ -60,8 +60,21 @@ class Unavailable(DomainError):
 class RunFailed(Exception):
     """Ends a run as `failed` with an error type clients can branch on (`Run.error`)."""
 
-    def __init__(self, error_type: str, message: str, request_id: str | None = None) -> None:
+    def __init__(
+        self,
+        error_type: str,
+        message: str,
+        request_id: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.error = {"type": error_type, "message": message}
+        self.error: dict[str, Any] = {"type": error_type, "message": message}
         if request_id:
             self.error["request_id"] = request_id
+        self.error.update(extra or {})
+
+
+class NoGain(Invalid):
+    """A compaction would not make the context smaller by the minimum share (problem
+    type `nothing_to_gain`); `extra` carries both figures (`pre_tokens`,
+    `post_tokens`) and `min_saving`."""

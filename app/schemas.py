@@ -305,6 +305,10 @@ class RunError(BaseModel):
     type: str
     message: str
     request_id: str | None = None
+    # a compaction refused as `nothing_to_gain`: the request now, the one it would leave
+    pre_tokens: int | None = None
+    post_tokens: int | None = None
+    min_saving: float | None = None
 
 
 class ToolUseRequest(BaseModel):
@@ -345,6 +349,21 @@ class CompactResult(BaseModel):
     post_tokens: int
     tokens_saved: int
     messages_compacted: int
+
+
+class CompactRefused(BaseModel):
+    """A refused compaction (`application/problem+json`): `type` is `invalid_request`
+    (nothing can be compacted; `detail` says why) or `nothing_to_gain` (compacting would
+    not make the next request smaller by `min_saving`: `pre_tokens` is the request now,
+    `post_tokens` what it would be after; estimates in the session model's tokens)."""
+
+    type: Literal["invalid_request", "nothing_to_gain"]
+    title: str
+    status: int
+    detail: str
+    pre_tokens: int | None = None
+    post_tokens: int | None = None
+    min_saving: float | None = None
 
 
 # --- context and files -----------------------------------------------------------------

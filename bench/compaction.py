@@ -1,4 +1,4 @@
-"""Compaction (docs/architecture.md, "Compaction"): five measurements, each runnable alone.
+"""Compaction (docs/architecture.md, "Compaction"): eight measurements, each runnable alone.
 
 1. micro: tokens micro-compaction alone frees on each real Claude Code transcript at its
    largest point (the chain up to its first compact boundary, or the whole chain),
@@ -31,6 +31,24 @@
    Also shown: the real size of each summary request against the threshold (a
    compaction far below it was triggered by a wrong estimate).
 
+6. imports: each real transcript imported, before any turn: `GET /context`'s estimate
+   against the fake's count of the request Parley builds (`GET /context/request`),
+   target within 10%; beside it the transcript's own last usage, which the estimate used
+   to anchor on (it counted Claude Code's system prompt and tools).
+7. truth: at each compaction point of part 2, three Parley compactions in a row, each
+   followed by a turn ("continue"): `pre_tokens` against the fake's count of the request
+   that would have been sent, the estimate right after the compaction against the next
+   request's real count (targets: median error <= 5%, worst <= 15%), compactions that
+   grew the context (0), refusals, the user's prompts of each compacted span found
+   verbatim in its summary request (100%), files re-attached (from the conversation:
+   the workspace holds none of an imported session's files), the compact runs' usage.
+8. needless: part 5's scripted session on a model whose tokens the fake counts
+   (claude-sonnet-4-5): compactions whose replaced request (the cached-prefix summary
+   request less its instruction, as the fake counted it) was under the threshold (0),
+   compactions that grew the context (0), post_tokens against the next request, prompt
+   coverage of the summary requests, and whether every call's usage reached the
+   session's counters.
+
 The fake runs in its own process with a responder (`respond` below): a summary request
 (it carries SUMMARY_MARKER) gets the fixed summary, a collapse request a short one, a
 prompt naming files gets Read calls for them, a tool result a Read of the file its last
@@ -40,6 +58,9 @@ replaced by the fake's own (it verifies them; a signature is never counted as to
 
     uv run python -m bench compaction [--part 1,2,...] [--quick] [--no-save]
         [--data DIR] [--cache-threshold N] [--profile FILE] [--profile-parley FILE]
+
+The transcripts are read from --data, else from the folder PARLEY_BENCH_TRANSCRIPTS
+names, else from `shared/data/transcripts` beside the repository's parent folder.
 """
 
 from __future__ import annotations
@@ -70,6 +91,7 @@ from collections.abc import (
 )
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -77,16 +99,35 @@ import httpx
 from sqlalchemy import func, select, update
 
 from app.config import Settings
+from app.context.compaction import human_prompts
+from app.context.estimates import (
+    REQUEST_ESTIMATE,
+    anchored_estimate,
+    request_estimate,
+    view_estimate,
+)
 from app.context.micro import apply_micro, plan_micro
+from app.context.session import SessionConfig
 from app.context.summary_prompt import CONTINUATION_HEADER, SUMMARY_MARKER
-from app.context.tokens import estimate_messages, estimate_system, estimate_tools, node_tokens
+from app.context.tokens import (
+    TOOL_ID_TOKENS,
+    estimate_content,
+    estimate_messages,
+    estimate_system,
+    estimate_tools,
+    node_tokens,
+)
 from app.context.tools import BUILTIN_TOOLS, compactable_tools
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY, Block, Node
 from app.conversation import sessions, store
 from app.conversation.files import DbWorkspace
-from app.conversation.views import load_view
+from app.conversation.records import MessageRecord, new_message
+from app.conversation.views import ChainCache, load_view
 from app.db import Database, make_engine
+from app.domain import CompactionOutcome, CompactionTrigger
 from app.engine import compaction
+from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION
+from app.engine.compaction.compact import compact
 from app.engine.llm.events import MessageDone, StreamEvent
 from app.engine.loop import TurnRunner
 from app.engine.runtime import Runtime
@@ -109,18 +150,40 @@ from bench.common import (
 )
 from bench.procs import Child, parley_env, spawn, start_parley
 
-DB_NAME = "parley_bench_compaction"
+DB_NAME = f"parley_bench_compaction_{os.getpid()}"  # one per run: others may bench too
 API_KEY = "bench-key-0123456789abcdef"
 TENANT = "bench"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL_200K = "claude-sonnet-4-5"
 MODEL_1M: str = Settings.model_fields["model"].default
 THRESHOLD = 167_000
-TARGETS = {"post_share": 0.25, "per_turn": 1.2, "compact_seconds": 0.200, "cache_share": 0.80}
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts"
+TARGETS = {
+    "post_share": 0.25,
+    "per_turn": 1.2,
+    "compact_seconds": 0.200,
+    "cache_share": 0.80,
+    "import_error": 0.10,  # part 6: |estimate / request built - 1|
+    "after_median": 0.05,  # part 7: |estimate after compaction / next request - 1|
+    "after_worst": 0.15,
+}
+# The transcripts: --data, else PARLEY_BENCH_TRANSCRIPTS, else a `shared/data/transcripts`
+# folder beside the repository's parent.
+DEFAULT_DATA = Path(
+    os.environ.get("PARLEY_BENCH_TRANSCRIPTS")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts"
+)
 TRANSCRIPTS = ("entireio-cli/*/*/*/full.jsonl", "vscode-copilot-chat/fixtures/*.jsonl")
 FAKE_CONFIG: dict[str, Any] = {"record_bodies": False, "max_context_tokens": 10_000_000}
-PARTS = {1: "micro", 2: "post", 3: "turn", 4: "time", 5: "cache"}
+PARTS = {
+    1: "micro",
+    2: "post",
+    3: "turn",
+    4: "time",
+    5: "cache",
+    6: "imports",
+    7: "truth",
+    8: "needless",
+}
 
 
 @dataclass(frozen=True)
@@ -134,12 +197,13 @@ class Plan:
     turn_warmup: int
     compact_tokens: int  # part 4: estimated tokens of the view
     compact_runs: int
-    cache_turns: int  # part 5
+    cache_turns: int  # parts 5 and 8
     cache_threshold: int
+    import_files: int | None  # part 6 (None: all)
 
 
-FULL = Plan(None, None, 10_000, 4, 15, 50, 3, 180_000, 15, 60, 30_000)
-QUICK = Plan(3, 1, 400, 2, 15, 3, 1, 40_000, 2, 12, 20_000)
+FULL = Plan(None, None, 10_000, 4, 15, 50, 3, 180_000, 15, 60, 30_000, None)
+QUICK = Plan(3, 1, 400, 2, 15, 3, 1, 40_000, 2, 12, 20_000, 4)
 
 
 class BenchError(RuntimeError):
@@ -285,6 +349,26 @@ def chain_specs(
     return specs
 
 
+def records_of(session_id: uuid.UUID, specs: Sequence[dict[str, Any]]) -> list[MessageRecord]:
+    """The specs as messages to append (each names its parent)."""
+    return [
+        new_message(
+            session_id=session_id,
+            uuid_=spec["message_uuid"],
+            parent_uuid=spec["parent_uuid"],
+            logical_parent_uuid=spec.get("logical_parent_uuid"),
+            type=spec["type"],
+            subtype=spec.get("subtype"),
+            role=spec["role"],
+            content=spec["content"],
+            model=spec.get("model"),
+            stop_reason=spec.get("stop_reason"),
+            metadata=spec.get("meta"),
+        )
+        for spec in specs
+    ]
+
+
 def summary_spec(parent: uuid.UUID | None, summary: str) -> dict[str, Any]:
     return {
         "message_uuid": uuid.uuid4(),
@@ -325,7 +409,7 @@ SUMMARY_SECTIONS = (
     "Current Work",
     "Optional Next Step",
 )
-COLLAPSE_PREFIX = compaction.COLLAPSE_INSTRUCTION[:48]
+COLLAPSE_PREFIX = COLLAPSE_INSTRUCTION[:48]
 COLLAPSE_ANSWER = "Collapsed span: read the files asked for and summed each one up."
 NAMED_FILE = re.compile(r"notes/[\w.-]+\.md")
 NEXT_FILE = re.compile(r"Next: (notes/[\w.-]+\.md)")
@@ -623,10 +707,10 @@ def result_tokens(nodes: Sequence[Node]) -> int:
 async def micro_row(db: Database, session_id: uuid.UUID, name: str) -> MicroRow:
     session = await get_session(db, session_id)
     head = await largest_point(db, session_id)
-    async with db.sessionmaker() as s:
-        view = await load_view(s, session, head)
-    nodes = view.projected
     compactable = compactable_tools(session.tools or [])
+    async with db.sessionmaker() as s:
+        view = await load_view(s, ChainCache(0), session_id, head, compactable)
+    nodes = view.projected
     return MicroRow(
         name=name,
         messages=len(nodes),
@@ -742,16 +826,20 @@ def request_points(rows: Sequence[Any]) -> list[int]:
 
 
 def segment_point(
-    session: AgentSession, rows: Sequence[Any], threshold: int, compacted_after: bool
+    config: SessionConfig, rows: Sequence[MessageRecord], threshold: int, compacted_after: bool
 ) -> Point | None:
+    """The first request point past `threshold` by the service's estimate (of content:
+    an imported transcript's usage is not an anchor), else the last point of a segment
+    Claude Code compacted after."""
     candidates = request_points(rows)
+    nodes = [row.to_node() for row in rows]
     for i in candidates:
-        estimate = sessions.estimate_from_rows(session, rows[: i + 1])
+        estimate = anchored_estimate(config, nodes[: i + 1])
         if estimate > threshold:
             return Point(rows[i].uuid, estimate, f"passes {threshold // 1000}k")
     if compacted_after and candidates:
         i = candidates[-1]
-        estimate = sessions.estimate_from_rows(session, rows[: i + 1])
+        estimate = anchored_estimate(config, nodes[: i + 1])
         return Point(rows[i].uuid, estimate, "Claude Code compacted")
     return None
 
@@ -759,11 +847,12 @@ def segment_point(
 async def compaction_points(h: Harness, session_id: uuid.UUID) -> list[Point]:
     session = await get_session(h.db, session_id)
     async with h.db.sessionmaker() as s:
-        rows = await store.chain_rows(s, session.head_uuid, full=True)
+        rows = await store.chain(s, session.head_uuid, full=True)
+    config = sessions.config_of(session, Settings(model_provider="offline"))
     segments = split_segments(rows)
     points = []
     for k, segment in enumerate(segments):
-        point = segment_point(session, segment, THRESHOLD, compacted_after=k + 1 < len(segments))
+        point = segment_point(config, segment, THRESHOLD, compacted_after=k + 1 < len(segments))
         if point is not None:
             points.append(point)
     return points
@@ -836,8 +925,10 @@ async def view_parts(db: Database, session_id: uuid.UUID) -> tuple[int, int, int
     """Estimated tokens of the summary, the re-attached files and the kept messages of
     the view now, and how many messages were kept."""
     session = await get_session(db, session_id)
+    compactable = compactable_tools(session.tools or [])
     async with db.sessionmaker() as s:
-        nodes = (await load_view(s, session)).projected
+        view = await load_view(s, ChainCache(0), session_id, session.head_uuid, compactable)
+    nodes = view.projected
     summary = sum(node_tokens(n) for n in nodes if n.subtype == COMPACT_SUMMARY)
     files = sum(node_tokens(n) for n in nodes if n.subtype == "file")
     kept = [n for n in nodes if n.subtype not in (COMPACT_SUMMARY, "file")]
@@ -851,7 +942,7 @@ async def compact_at(
     async with h.db.sessionmaker() as s:
         session = await s.get(AgentSession, session_id)
         assert session is not None
-        rows = await store.chain_rows(s, point.head, full=False)
+        rows = await store.chain(s, point.head, full=False)
     await put_files(client, session_id, rebuilt_files(rows))
     out = await call(client, "POST", f"/sessions/{session_id}/compact", json={})
     summary, files, kept, kept_messages = await view_parts(h.db, session_id)
@@ -972,7 +1063,7 @@ async def seeded_session(
 ) -> uuid.UUID:
     session_id = uuid.UUID((await call(client, "POST", "/sessions", json={}))["id"])
     async with h.db.transaction() as db:
-        await store.append_many(db, session_id, specs)
+        await store.append_many(db, records_of(session_id, specs))
     return session_id
 
 
@@ -988,7 +1079,8 @@ async def timed_turn(client: httpx.AsyncClient, session_id: uuid.UUID, text: str
 async def view_length(h: Harness, session_id: uuid.UUID) -> int:
     session = await get_session(h.db, session_id)
     async with h.db.sessionmaker() as s:
-        return len((await load_view(s, session)).nodes)
+        view = await load_view(s, ChainCache(0), session_id, session.head_uuid, frozenset())
+    return len(view.nodes)
 
 
 async def part_turn(h: Harness) -> dict[str, Any]:
@@ -1106,12 +1198,24 @@ class Variant:
     estimate: int
     totals: list[float] = field(default_factory=list)  # seconds, model call taken off
     steps: list[dict[str, float]] = field(default_factory=list)
-    outcome: compaction.CompactionOutcome | None = None
+    outcome: CompactionOutcome | None = None
 
 
 def tools_tokens() -> int:
     definitions = [BUILTIN_TOOLS[name].to_api() for name in BUILTINS]
     return estimate_tools([*definitions, BASH_TOOL])
+
+
+def sent_by_parley(config: SessionConfig, records: list[MessageRecord]) -> list[MessageRecord]:
+    """The records with their newest reply as the loop would have stored it: the
+    estimate of its request recorded, a usage that measured it."""
+    last = max(i for i, r in enumerate(records) if r.role == "assistant")
+    measured = request_estimate(config, [r.to_node() for r in records[:last]])
+    reply = records[last].with_(
+        usage={"input_tokens": measured, "output_tokens": records[last].token_estimate},
+        metadata={REQUEST_ESTIMATE: measured},
+    )
+    return [*records[:last], reply, *records[last + 1 :]]
 
 
 async def seed_variant(rt: Runtime, name: str, model: str, plan: Plan) -> Variant:
@@ -1129,15 +1233,27 @@ async def seed_variant(rt: Runtime, name: str, model: str, plan: Plan) -> Varian
     )
     async with rt.db.transaction() as db:
         session = await sessions.create(db, TENANT, body, rt.settings)
-        rows = await store.append_many(db, session.id, chain_specs(messages, None, model))
+        # A session in use: its prompt cache warm and its replies Parley's own (a view
+        # never sent counts as cold: its summary request would be rendered to text).
+        records = sent_by_parley(
+            sessions.config_of(session, rt.settings),
+            records_of(session.id, chain_specs(messages, None, model)),
+        )
+        rows = await store.append_many(
+            db,
+            records,
+            session_values={"last_request_at": datetime.now(UTC) + timedelta(days=1)},
+        )
         workspace = DbWorkspace(db, session.id)
         for path, text in traffic.files.items():
             await workspace.put(path, text.encode())
     async with rt.db.sessionmaker() as db:
         stored = await db.get(AgentSession, session.id)
         assert stored is not None
-        estimate = compaction.view_estimate(stored, (await load_view(db, stored)).nodes)
-    return Variant(name, model, session.id, rows[-1]["uuid"], estimate)
+        config = sessions.config_of(stored, rt.settings)
+        view = await load_view(db, ChainCache(0), session.id, rows[-1].uuid, config.compactable)
+        estimate = view_estimate(config, view.nodes)
+    return Variant(name, model, session.id, rows[-1].uuid, estimate)
 
 
 async def compact_once(
@@ -1157,8 +1273,8 @@ async def compact_once(
     try:
         async with step_timers(steps):
             start = time.perf_counter()
-            variant.outcome = await compaction.compact(
-                TurnRunner(rt, run, session), session, "auto"
+            variant.outcome = await compact(
+                TurnRunner(rt.resources, run, session), CompactionTrigger.AUTO
             )
             total = time.perf_counter() - start
     finally:
@@ -1179,7 +1295,7 @@ async def part_time(h: Harness, profile: Path | None) -> dict[str, Any]:
     section(f"4. compact() without the model call, ~{plan.compact_tokens // 1000}k-token view")
     rt = runtime_for(h.db_url)
     stub = StubModel()
-    rt.llm = stub
+    rt.resources.llm = stub
     try:
         variants = [
             await seed_variant(rt, "200k", MODEL_200K, plan),
@@ -1353,14 +1469,18 @@ def turn_files(turn: int, words: TextFactory) -> tuple[list[str], dict[str, str]
     return first, {path: words.text(4_000, 9_000) for path in first}
 
 
-async def cache_session(h: Harness, client: httpx.AsyncClient) -> uuid.UUID:
+async def cache_session(
+    h: Harness, client: httpx.AsyncClient, model: str | None = None
+) -> uuid.UUID:
     plan = h.plan
     words = TextFactory(5)
-    body = {
+    body: dict[str, Any] = {
         "system": words.text(11_000, 11_000),
         "builtin_tools": ["Read", "Glob", "Grep"],
         "compaction": {"threshold_tokens": plan.cache_threshold},
     }
+    if model:
+        body["model"] = model
     session_id = uuid.UUID((await call(client, "POST", "/sessions", json=body))["id"])
     for i in range(plan.cache_turns):
         first, files = turn_files(i, words)
@@ -1416,6 +1536,480 @@ async def part_cache(h: Harness) -> dict[str, Any]:
     return {"share": share, **counts, "usages": usages}
 
 
+# --- 6. imported sessions: the estimate against the request Parley builds -------------------
+
+
+def counted(body: dict[str, Any]) -> int:
+    """The fake's count of a request body (the function its count_tokens route runs)."""
+    from tests.fake_anthropic.tokens import count_tokens
+
+    return int(count_tokens(body))
+
+
+def source_usage(rows: Sequence[MessageRecord]) -> int:
+    """What the old estimate anchored on: the transcript's last reported usage."""
+    for row in reversed(rows):
+        if row.role == "assistant" and row.usage:
+            usage = row.usage
+            return int(sum(int(usage.get(k) or 0) for k in (*USAGE_KEYS, "output_tokens")))
+    return 0
+
+
+SIZABLE_REQUEST = 2_000
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    name: str
+    messages: int
+    built: int  # the fake's count of GET /context/request
+    estimate: int  # GET /context, before the first turn
+    source: int  # the transcript's last usage (the old anchor)
+
+    @property
+    def ratio(self) -> float:
+        return ratio(self.estimate, self.built)
+
+    @property
+    def source_ratio(self) -> float:
+        return ratio(self.source, self.built)
+
+
+async def part_imports(h: Harness) -> dict[str, Any]:
+    section("6. imported sessions: the estimate before the first turn / the request Parley builds")
+    client, _ = await h.services()
+    rows: list[ImportRow] = []
+    for path in transcript_files(h.data, h.plan.import_files):
+        session_id = await import_transcript(client, path)
+        estimate = (await call(client, "GET", f"/sessions/{session_id}/context"))[
+            "estimated_tokens"
+        ]
+        body = await call(client, "GET", f"/sessions/{session_id}/context/request")
+        session = await get_session(h.db, session_id)
+        async with h.db.sessionmaker() as s:
+            chain = await store.chain(s, session.head_uuid, full=False)
+        rows.append(
+            ImportRow(label(path, h.data), len(chain), counted(body), estimate, source_usage(chain))
+        )
+    cells = [
+        [
+            r.name,
+            str(r.messages),
+            f"{r.built:,}",
+            f"{r.estimate:,}",
+            f"{r.ratio:.3f}",
+            f"{r.source:,}",
+            f"{r.source_ratio:.2f}",
+        ]
+        for r in rows
+    ]
+    print(
+        table(
+            [
+                "transcript",
+                "view rows",
+                "request built",
+                "estimate",
+                "ratio",
+                "source usage",
+                "ratio (old anchor)",
+            ],
+            cells,
+        )
+    )
+    errors = [abs(r.ratio - 1) for r in rows]
+    within = sum(e <= TARGETS["import_error"] for e in errors)
+    anchored = [r.source_ratio for r in rows if r.source]
+    print(
+        f"estimate / request built: median {median([r.ratio for r in rows]):.3f}, worst error "
+        f"{max(errors):.1%}; {within}/{len(rows)} within "
+        f"{TARGETS['import_error']:.0%} {verdict(max(errors), TARGETS['import_error'])}"
+    )
+    sizable = [abs(r.ratio - 1) for r in rows if r.built >= SIZABLE_REQUEST]
+    if sizable:
+        print(
+            f"requests of at least {SIZABLE_REQUEST:,} tokens: {len(sizable)}, worst error "
+            f"{max(sizable):.1%} (below that, tool-id framing the fake does not count but "
+            f"the API does, {TOOL_ID_TOKENS} tokens a block in the estimate, is a large share)"
+        )
+    if anchored:
+        print(
+            f"(the transcript's own usage / request built, the old anchor: "
+            f"{min(anchored):.2f}-{max(anchored):.2f}, median {median(anchored):.2f})"
+        )
+    return {
+        "rows": [{**r.__dict__, "ratio": r.ratio} for r in rows],
+        "median": median([r.ratio for r in rows]),
+        "worst_error": max(errors),
+    }
+
+
+# --- 7. estimates after compaction, at real compaction points ---------------------------------
+
+
+def request_texts(body: dict[str, Any]) -> str:
+    """Every text a request carries (system, text blocks, tool results), joined."""
+    parts: list[str] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        parts.append(system)
+    for block in system if isinstance(system, list) else []:
+        parts.append(str(block.get("text", "")))
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+            continue
+        for block in content or []:
+            if block.get("type") == "text":
+                parts.append(str(block.get("text", "")))
+            elif block.get("type") == "tool_result":
+                parts.append(result_text(block))
+    return "\n".join(parts)
+
+
+def is_summary_request(body: dict[str, Any] | None) -> bool:
+    return bool(body) and SUMMARY_MARKER in request_texts(body or {})
+
+
+async def fake_records(fake: httpx.AsyncClient) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = await call(fake, "GET", "/_fake/requests")
+    return [r for r in records if r.get("path") == "/v1/messages"]
+
+
+async def record_bodies(fake: httpx.AsyncClient) -> None:
+    """A fresh log that keeps request bodies (the default config drops them)."""
+    await call(fake, "POST", "/_fake/reset")
+    await call(fake, "POST", "/_fake/config", json={"record_bodies": True, "max_records": 200})
+
+
+async def compacted_span(h: Harness, boundary_uuid: str) -> list[MessageRecord]:
+    """The stored rows a compaction summarised (its boundary's covered range)."""
+    async with h.db.sessionmaker() as s:
+        boundary = await s.get(Message, uuid.UUID(boundary_uuid))
+        assert boundary is not None
+        last = (boundary.meta or {}).get("covered", {}).get("last_uuid")
+        if not last:
+            return []
+        return await store.chain(s, uuid.UUID(last), full=False)
+
+
+def prompts_present(span: Sequence[MessageRecord], summary_body: dict[str, Any]) -> tuple[int, int]:
+    """(prompts of the span found verbatim in the summary request, prompts of the span)."""
+    prompts = human_prompts([row.to_node() for row in span])
+    shown = request_texts(summary_body)
+    return sum(p in shown for p in prompts), len(prompts)
+
+
+@dataclass
+class TruthRow:
+    name: str
+    step: int
+    pre: int  # pre_tokens reported
+    pre_real: int  # the fake's count of the request that would have been sent
+    post: int  # post_tokens reported
+    estimate: int  # GET /context right after
+    next_real: int  # the next request, as the fake counted it
+    files: int
+    prompts: tuple[int, int]
+    usage: int  # the compact run's usage (input, cached or not, and output)
+    refused: str = ""
+
+    @property
+    def error(self) -> float:
+        return ratio(self.estimate + CONTINUE_TOKENS, self.next_real) - 1
+
+    @property
+    def pre_error(self) -> float:
+        return ratio(self.pre, self.pre_real) - 1
+
+    @property
+    def grew(self) -> bool:
+        return self.next_real >= self.pre_real
+
+
+CONTINUE = "continue"
+CONTINUE_TOKENS = estimate_content([{"type": "text", "text": CONTINUE}])
+
+
+async def compact_and_continue(
+    h: Harness,
+    client: httpx.AsyncClient,
+    fake: httpx.AsyncClient,
+    session_id: uuid.UUID,
+    name: str,
+    step: int,
+) -> TruthRow:
+    before = await call(client, "GET", f"/sessions/{session_id}/context/request")
+    pre_real = counted(before)
+    await record_bodies(fake)
+    response = await client.post(f"/sessions/{session_id}/compact", json={})
+    if response.status_code == 422:
+        problem = response.json()
+        return TruthRow(
+            name,
+            step,
+            problem.get("pre_tokens") or 0,
+            pre_real,
+            problem.get("post_tokens") or 0,
+            0,
+            0,
+            0,
+            (0, 0),
+            0,
+            problem["type"],
+        )
+    if response.status_code != 200:
+        raise BenchError(f"compact: {response.status_code} {response.text[:300]}")
+    out = response.json()
+    estimate = (await call(client, "GET", f"/sessions/{session_id}/context"))["estimated_tokens"]
+    summaries = [r for r in await fake_records(fake) if is_summary_request(r.get("body"))]
+    span = await compacted_span(h, out["boundary_uuid"])
+    prompts = prompts_present(span, summaries[-1]["body"]) if summaries else (0, 0)
+    view = await call(
+        client, "GET", f"/sessions/{session_id}/messages", params={"view": "api", "limit": 1000}
+    )
+    files = sum(1 for m in view["data"] if m["subtype"] == "file")
+    usage = out["run"]["usage"]
+    await call(client, "POST", f"/sessions/{session_id}/messages", json={"content": CONTINUE})
+    turn = [r for r in await fake_records(fake) if not is_summary_request(r.get("body"))]
+    next_real = sum(int(turn[0]["usage"][k]) for k in USAGE_KEYS)
+    return TruthRow(
+        name,
+        step,
+        out["pre_tokens"],
+        pre_real,
+        out["post_tokens"],
+        estimate,
+        next_real,
+        files,
+        prompts,
+        sum(int(usage.get(k, 0)) for k in (*USAGE_KEYS, "output_tokens")),
+    )
+
+
+async def part_truth(h: Harness) -> dict[str, Any]:
+    section(
+        "7. at each compaction point of the transcripts, three Parley compactions in a row "
+        "(each followed by a turn): the figures against what the fake counted"
+    )
+    client, fake = await h.services()
+    rows: list[TruthRow] = []
+    points_done = 0
+    for path in transcript_files(h.data, None):
+        if h.plan.post_points is not None and points_done >= h.plan.post_points:
+            break
+        session_id = await import_transcript(client, path)
+        patch = {"compaction": {"threshold_tokens": THRESHOLD}}
+        await call(client, "PATCH", f"/sessions/{session_id}", json=patch)
+        for point in await compaction_points(h, session_id):
+            if h.plan.post_points is not None and points_done >= h.plan.post_points:
+                break
+            points_done += 1
+            await call(
+                client, "PUT", f"/sessions/{session_id}/head", json={"uuid": str(point.head)}
+            )
+            name = f"{label(path, h.data)} ({point.reason})"
+            for step in (1, 2, 3):
+                row = await compact_and_continue(h, client, fake, session_id, name, step)
+                rows.append(row)
+                print(f"  {truth_cells(row)}", flush=True)
+                if row.refused:
+                    break
+    await call(fake, "POST", "/_fake/reset")
+    return report_truth(rows)
+
+
+TRUTH_HEADERS = [
+    "point",
+    "#",
+    "pre",
+    "pre (real)",
+    "post",
+    "estimate after",
+    "next (real)",
+    "error",
+    "files",
+    "prompts",
+    "compact usage",
+]
+
+
+def truth_cells(r: TruthRow) -> list[str]:
+    if r.refused:
+        return [
+            r.name,
+            str(r.step),
+            f"{r.pre:,}",
+            f"{r.pre_real:,}",
+            f"{r.post:,}",
+            f"refused: {r.refused}",
+            "",
+            "",
+            "",
+            "",
+            "",
+        ]
+    return [
+        r.name,
+        str(r.step),
+        f"{r.pre:,}",
+        f"{r.pre_real:,}",
+        f"{r.post:,}",
+        f"{r.estimate:,}",
+        f"{r.next_real:,}",
+        f"{r.error:+.1%}",
+        str(r.files),
+        f"{r.prompts[0]}/{r.prompts[1]}",
+        f"{r.usage:,}",
+    ]
+
+
+def report_truth(rows: Sequence[TruthRow]) -> dict[str, Any]:
+    done = [r for r in rows if not r.refused]
+    if not done:
+        raise BenchError("no compaction point to measure")
+    print(table(TRUTH_HEADERS, [truth_cells(r) for r in rows]))
+    errors = [abs(r.error) for r in done]
+    pre_errors = [abs(r.pre_error) for r in done]
+    grew = sum(r.grew or r.post >= r.pre for r in done)
+    found = sum(r.prompts[0] for r in done)
+    prompts = sum(r.prompts[1] for r in done)
+    refused = [r for r in rows if r.refused]
+    print(
+        f"estimate right after compaction vs the next request: median error "
+        f"{median(errors):.1%} {verdict(median(errors), TARGETS['after_median'])}, worst "
+        f"{max(errors):.1%} {verdict(max(errors), TARGETS['after_worst'])} "
+        f"({len(done)} compactions)"
+    )
+    print(
+        f"pre_tokens vs the request that would have been sent: median error "
+        f"{median(pre_errors):.1%}, worst {max(pre_errors):.1%}"
+    )
+    print(f"compactions that grew the context: {grew} {verdict(grew, 0)}")
+    print(
+        f"refused (nothing_to_gain): {len(refused)}; human prompts of the compacted spans "
+        f"verbatim in the summary request: {found}/{prompts} "
+        f"({ratio(found, prompts):.0%}) {verdict(ratio(found, prompts), 1.0, at_least=True)}"
+    )
+    print(
+        f"files re-attached: {sum(r.files for r in done)} in {len(done)} compactions "
+        f"(imported: from the conversation); compact runs' usage: "
+        f"{sum(r.usage for r in done):,} tokens"
+    )
+    return {
+        "rows": [{**r.__dict__, "error": r.error} for r in rows],
+        "median_error": median(errors),
+        "worst_error": max(errors),
+        "grew": grew,
+        "prompts_found": found,
+        "prompts": prompts,
+        "refused": len(refused),
+    }
+
+
+# --- 8. needless compactions in a scripted session ---------------------------------------------
+
+
+def instruction_tokens(body: dict[str, Any]) -> int:
+    """The fake's count of a cached-prefix summary request's final text block (the
+    instruction, with any verbatim prompts before it)."""
+    from tests.fake_anthropic.tokens import block_tokens
+
+    last = body["messages"][-1]["content"]
+    return int(block_tokens(last[-1])) if isinstance(last, list) and last else 0
+
+
+async def part_needless(h: Harness) -> dict[str, Any]:
+    plan = h.plan
+    section(
+        f"8. needless compactions: the cache session of part 5 ({plan.cache_turns} turns, "
+        f"threshold {plan.cache_threshold:,}) on {MODEL_200K}, whose tokens the fake counts"
+    )
+    client, fake = await h.services()
+    await record_bodies(fake)
+    await call(fake, "POST", "/_fake/config", json={"record_bodies": True, "max_records": 5_000})
+    session_id = await cache_session(h, client, model=MODEL_200K)
+    records = await settle(fake)
+    requests = [r for r in records if r.get("path") == "/v1/messages" and r.get("usage")]
+    async with h.db.sessionmaker() as s:
+        boundaries = list(
+            await s.scalars(
+                select(Message)
+                .where(Message.session_id == session_id, Message.subtype == COMPACT_BOUNDARY)
+                .order_by(Message.seq)
+            )
+        )
+    summary_at = [i for i, r in enumerate(requests) if is_summary_request(r.get("body"))]
+    cells, needless, grew, errors, rendered = [], 0, 0, [], 0
+    found = prompts = 0
+    for n, (i, boundary) in enumerate(zip(summary_at, boundaries, strict=False), 1):
+        body = requests[i]["body"]
+        usage = requests[i]["usage"]
+        replaced: int | None = None
+        if "<transcript>" in request_texts(body):
+            rendered += 1
+        else:
+            replaced = sum(int(usage[k]) for k in USAGE_KEYS) - instruction_tokens(body)
+        after = next((r for r in requests[i + 1 :] if not is_summary_request(r.get("body"))), None)
+        next_real = sum(int(after["usage"][k]) for k in USAGE_KEYS) if after else 0
+        meta = boundary.meta or {}
+        post, pre = int(meta.get("post_tokens", 0)), int(meta.get("pre_tokens", 0))
+        error = ratio(post, next_real) - 1 if next_real else 0.0
+        errors.append(abs(error))
+        needless += replaced is not None and replaced < plan.cache_threshold
+        grew += bool(next_real and replaced is not None and next_real >= replaced)
+        span = await compacted_span(h, str(boundary.uuid))
+        got, total = prompts_present(span, body)
+        found, prompts = found + got, prompts + total
+        cells.append(
+            [
+                str(n),
+                f"{pre:,}",
+                f"{replaced:,}" if replaced is not None else "(rendered)",
+                f"{post:,}",
+                f"{next_real:,}",
+                f"{error:+.1%}",
+                f"{got}/{total}",
+            ]
+        )
+    print(
+        table(
+            ["compaction", "pre", "replaced (real)", "post", "next (real)", "error", "prompts"],
+            cells,
+        )
+    )
+    session = (await call(client, "GET", f"/sessions/{session_id}"))["usage"]
+    paid = {k: sum(int(r["usage"][k]) for r in requests) for k in (*USAGE_KEYS, "output_tokens")}
+    counted_all = all(int(session[k]) == v for k, v in paid.items())
+    print(
+        f"compactions {len(boundaries)} ({rendered} summary requests rendered to text); "
+        f"needless (the request replaced was under the threshold): {needless} "
+        f"{verdict(needless, 0)}; grew: {grew} {verdict(grew, 0)}"
+    )
+    if errors:
+        print(
+            f"post_tokens vs the next request: median error {median(errors):.1%}, "
+            f"worst {max(errors):.1%}"
+        )
+    print(
+        f"human prompts of the compacted spans verbatim in the summary requests: "
+        f"{found}/{prompts}; every call's usage on the session counters: "
+        f"{'yes' if counted_all else 'NO'} ({sum(paid.values()):,} tokens in "
+        f"{len(requests)} requests)"
+    )
+    await call(fake, "POST", "/_fake/reset")
+    return {
+        "compactions": len(boundaries),
+        "needless": needless,
+        "grew": grew,
+        "median_error": median(errors) if errors else None,
+        "prompts_found": found,
+        "prompts": prompts,
+        "usage_counted": counted_all,
+    }
+
+
 # --- running it -----------------------------------------------------------------------------
 
 
@@ -1426,6 +2020,9 @@ async def run_parts(h: Harness, parts: Sequence[int], profile: Path | None) -> d
         3: lambda: part_turn(h),
         4: lambda: part_time(h, profile),
         5: lambda: part_cache(h),
+        6: lambda: part_imports(h),
+        7: lambda: part_truth(h),
+        8: lambda: part_needless(h),
     }
     results: dict[str, Any] = {}
     for part in parts:
@@ -1466,6 +2063,25 @@ def exit_code(results: dict[str, Any]) -> int:
         ("turn", lambda r: r["ratio"] <= TARGETS["per_turn"]),
         ("time", lambda r: all(v["median"] <= TARGETS["compact_seconds"] for v in r.values())),
         ("cache", lambda r: r["share"] >= TARGETS["cache_share"]),
+        ("imports", lambda r: r["worst_error"] <= TARGETS["import_error"]),
+        (
+            "truth",
+            lambda r: (
+                r["median_error"] <= TARGETS["after_median"]
+                and r["worst_error"] <= TARGETS["after_worst"]
+                and r["grew"] == 0
+                and r["prompts_found"] == r["prompts"]
+            ),
+        ),
+        (
+            "needless",
+            lambda r: (
+                r["needless"] == 0
+                and r["grew"] == 0
+                and r["usage_counted"]
+                and r["prompts_found"] == r["prompts"]
+            ),
+        ),
     ]
     ok = all(check(results[name]) for name, check in checks if name in results)
     return 0 if ok else 1
@@ -1477,7 +2093,7 @@ def parse_parts(text: str) -> list[int]:
     for item in (p.strip() for p in text.split(",") if p.strip()):
         part = int(item) if item.isdigit() else names.get(item, 0)
         if part not in PARTS:
-            raise SystemExit(f"unknown part {item!r}: 1-5 or {', '.join(PARTS.values())}")
+            raise SystemExit(f"unknown part {item!r}: 1-8 or {', '.join(PARTS.values())}")
         parts.append(part)
     return sorted(set(parts))
 
@@ -1488,10 +2104,17 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--part", default="1,2,3,4,5", help="parts to run: 1-5 or their names")
+    parser.add_argument(
+        "--part", default="1,2,3,4,5,6,7,8", help="parts to run: 1-8 or their names"
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run of small sizes")
     parser.add_argument("--no-save", action="store_true", help="no JSON in bench/results/")
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="transcripts folder")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=DEFAULT_DATA,
+        help="transcripts folder (default: PARLEY_BENCH_TRANSCRIPTS)",
+    )
     parser.add_argument("--cache-threshold", type=int, help="part 5: threshold_tokens")
     parser.add_argument("--profile", type=Path, help="part 4: cProfile one compact() to FILE")
     parser.add_argument("--profile-parley", type=Path, help="run Parley under cProfile, to FILE")

@@ -150,13 +150,13 @@ def parley_env(database_dsn: str, fake_url: str, api_key: str) -> dict[str, str]
 
 
 async def start_parley(log_dir: Path, env: dict[str, str], *, profile: Path | None = None) -> Child:
-    """`uv run python -m app serve` (or the same entry point under cProfile)."""
+    """`python -m app serve` with this interpreter (or the same entry point under cProfile)."""
     port = free_port()
     serve = ["--host", "127.0.0.1", "--port", str(port)]
     if profile is None:
-        argv = ["uv", "run", "python", "-m", "app", "serve", *serve]
+        argv = [sys.executable, "-m", "app", "serve", *serve]
     else:
-        argv = ["uv", "run", "python", "-c", PROFILE_SNIPPET, str(profile), *serve]
+        argv = [sys.executable, "-c", PROFILE_SNIPPET, str(profile), *serve]
     child = spawn("parley", argv, log_dir, env)
     child.url = f"http://127.0.0.1:{port}"
     await wait_http(child, "/healthz")
@@ -165,7 +165,7 @@ async def start_parley(log_dir: Path, env: dict[str, str], *, profile: Path | No
 
 async def start_proxy(log_dir: Path, database_dsn: str, fake_url: str, model: str) -> Child:
     port = free_port()
-    argv = ["uv", "run", "python", "-m", "bench.baseline_proxy", "--port", str(port)]
+    argv = [sys.executable, "-m", "bench.baseline_proxy", "--port", str(port)]
     argv += ["--database-url", database_dsn, "--anthropic-base-url", fake_url, "--model", model]
     child = spawn("proxy", argv, log_dir)
     child.url = f"http://127.0.0.1:{port}"

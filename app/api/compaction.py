@@ -15,11 +15,21 @@ from app.conversation.context_report import check_compactable, context_report, n
 from app.conversation.payloads import run_out
 from app.conversation.records import MessageRecord
 from app.domain import RunStatus
-from app.errors import Invalid, UpstreamFailed
+from app.errors import DomainError, Invalid, NoGain, UpstreamFailed
 from app.models import Run
-from app.schemas import CompactIn, CompactResult, ContextOut, RunOut, SnipIn, SnipOut
+from app.schemas import (
+    CompactIn,
+    CompactRefused,
+    CompactResult,
+    ContextOut,
+    RunOut,
+    SnipIn,
+    SnipOut,
+)
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["compaction"])
+
+GAIN_FIGURES = ("pre_tokens", "post_tokens", "min_saving")
 
 
 @router.get("/context", summary="Get context usage")
@@ -32,12 +42,20 @@ async def get_context(
     return await context_report(db, session, settings, views)
 
 
-@router.get("/context/request", summary="Preview the next model request")
+@router.get(
+    "/context/request",
+    summary="Preview the next model request",
+    responses={409: {"description": "The session has no messages yet"}},
+)
 async def get_next_request(
     session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
 ) -> dict[str, Any]:
     """The exact JSON body of the next model request (system, tools, the compacted and
-    normalized messages, cache breakpoints), built but not sent."""
+    normalized messages, cache breakpoints), built but not sent; always a body the
+    Messages API accepts. When the conversation ends with a finished reply, the next
+    request waits for the next user message: the body is the conversation so far, the
+    final reply sent as a prefill (without its thinking blocks, and without `thinking`).
+    409 when the session has no messages yet."""
     return await next_request(db, session, settings, views)
 
 
@@ -47,7 +65,14 @@ async def get_next_request(
     responses={
         202: {"model": RunOut, "description": "Started in the background"},
         409: {"description": "Another run is active"},
-        422: {"description": "Nothing can be compacted safely"},
+        422: {
+            "model": CompactRefused,
+            "description": (
+                "Refused, nothing changed: `invalid_request` when nothing can be compacted "
+                "(the detail says why), `nothing_to_gain` when compacting would not make "
+                "the next request smaller by the minimum saving (with both figures)"
+            ),
+        },
         502: {"description": "The summary request failed; nothing changed"},
     },
     summary="Compact the context",
@@ -57,9 +82,14 @@ async def compact_now(
 ) -> Response:
     """Summarise the conversation now: a run of kind `compact` that holds the session and
     leaves a compact boundary and a summary. Answers 200 with the result once done, or
-    202 with the run when `background: true`; 409 while another run is active, 422 when
-    nothing can be compacted safely, 502 when the summary request failed (nothing
-    changed)."""
+    202 with the run when `background: true`; 409 while another run is active; 422 when
+    nothing can be compacted safely, or with the problem type `nothing_to_gain` (and
+    `pre_tokens`, `post_tokens`, `min_saving`) when the compacted request would not be
+    smaller than the current one by at least `PARLEY_COMPACTION_MIN_SAVING` (checked
+    before the summary request with the shortest summary, and again with the real one);
+    502 when the summary request failed (nothing changed). `pre_tokens` is the request
+    that would have been sent, `post_tokens` the one that will be, `tokens_saved` their
+    difference; the summary request's usage counts on the run and the session."""
     body = body or CompactIn()
     await check_compactable(db, session, runtime.settings, runtime.views)
     run = await runtime.admission.compact(db, session, body.instructions)
@@ -74,8 +104,16 @@ def _compaction_result(run: Run, _records: list[MessageRecord]) -> Response:
     if run.status != RunStatus.COMPLETED or run.state.compaction is None:
         error = run.error or {}
         message = error.get("message", "The compaction failed; nothing changed")
-        failure = Invalid if error.get("type") == "nothing_to_compact" else UpstreamFailed
-        status, problem = domain_problem(failure(message))
+        kind = error.get("type")
+        failure: DomainError
+        if kind == "nothing_to_gain":
+            figures = {key: error[key] for key in GAIN_FIGURES if key in error}
+            failure = NoGain(message, extra=figures)
+        elif kind == "nothing_to_compact":
+            failure = Invalid(message)
+        else:
+            failure = UpstreamFailed(message)
+        status, problem = domain_problem(failure)
         return JSONResponse(problem, status_code=status, media_type=PROBLEM_JSON)
     outcome = run.state.compaction.model_dump(mode="json", exclude={"trigger"})
     result = CompactResult.model_validate({"run": run_out(run), **outcome})

@@ -19,6 +19,7 @@ from app.errors import (
     Conflict,
     DomainError,
     Invalid,
+    NoGain,
     NotFound,
     Unauthorized,
     Unavailable,
@@ -29,6 +30,8 @@ PROBLEM_JSON = "application/problem+json"
 
 # status, problem type and title of each domain error
 DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
+    # a subclass before its base: the first match wins
+    NoGain: (422, "nothing_to_gain", "Nothing to gain"),
     Invalid: (422, "invalid_request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Unauthorized"),
     NotFound: (404, "not_found", "Not found"),

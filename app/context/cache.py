@@ -111,11 +111,12 @@ def add_cache_breakpoints(
 
 
 def cache_cold(last_request_at: datetime | None, ttl_seconds: float, now: datetime) -> bool:
-    """Whether the prompt cache of a session's prefix has expired. A session never sent
-    has nothing cached, but nothing to lose either: it counts as warm here, so the first
-    request keeps the layout that later turns will read from the cache."""
+    """Whether the prompt cache of a session's prefix is cold: expired, or never written
+    (a session Parley never sent, such as an imported transcript: whatever the source
+    cached is not Parley's prefix). A cold prefix is written afresh by the next request
+    whatever it holds, so clearing or rendering it costs no cache read."""
     if last_request_at is None:
-        return False
+        return True
     if last_request_at.tzinfo is None:
         last_request_at = last_request_at.replace(tzinfo=UTC)
     return now - last_request_at > timedelta(seconds=ttl_seconds)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from app.context.blocks import is_clean_user_turn, is_internal, is_model_visible, tool_use_ids
 from app.context.tokens import node_tokens
-from app.context.types import ASSISTANT, Node
+from app.context.types import ASSISTANT, COMPACT_SUMMARY, Node
 
 # find_cut never compacts fewer model-visible messages than this.
 MIN_COMPACTED_MESSAGES = 2
@@ -204,3 +204,37 @@ def api_rounds(nodes: Sequence[Node]) -> list[tuple[int, int]]:
             starts.append(i)
     starts.append(len(nodes))
     return [(starts[k], starts[k + 1] - 1) for k in range(len(starts) - 1)]
+
+
+def newest_round_cut(nodes: Sequence[Node]) -> Cut | None:
+    """The cut that keeps only the newest API round (with the clean user turn that
+    leads it, if any), when at least `MIN_COMPACTED_MESSAGES` model-visible messages
+    come before it; None otherwise. For when that round alone is larger than the kept
+    budget: it is kept (its tool results shrunk) rather than summarised away."""
+    rounds = api_rounds(nodes)
+    if len(rounds) < 2:
+        return None
+    start = rounds[-1][0]
+    if sum(1 for node in nodes[:start] if is_model_visible(node)) < MIN_COMPACTED_MESSAGES:
+        return None
+    kind = cut_kinds(nodes)[start]
+    return None if kind is None else Cut(start, clean=kind)
+
+
+def no_cut_reason(nodes: Sequence[Node]) -> str:
+    """Why no cut can compact `nodes`, in the caller's terms."""
+    visible = sum(1 for node in nodes if is_model_visible(node))
+    if visible < MIN_COMPACTED_MESSAGES + 1:
+        compacted = any(node.subtype == COMPACT_SUMMARY for node in nodes[:1])
+        since = "since the last compaction " if compacted else ""
+        waiting = " (the newest still waits for its tool results)" if _ends_open(nodes) else ""
+        return (
+            f"Nothing to compact: the conversation {since}holds only {visible} "
+            f"message{'s' if visible != 1 else ''}{waiting}"
+        )
+    if _ends_open(nodes):
+        return (
+            "Nothing to compact: every earlier point would separate the open tool calls of "
+            "the newest reply from their results"
+        )
+    return "Nothing can be compacted without splitting a tool call from its result"

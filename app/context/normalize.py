@@ -25,7 +25,9 @@ service itself produced. What it does, in order:
 5. A user message left empty disappears and its neighbours merge.
 6. A view that starts with an assistant message gets `EARLIER_CONVERSATION_OMITTED`
    as a user message in front. A final assistant message without tool uses (prefill)
-   is kept, with trailing whitespace stripped from its last text block (API rule).
+   is kept without its thinking blocks (the API refuses them there: with thinking off,
+   as the last block, and a prefill is not taken with thinking on) and with trailing
+   whitespace stripped from its last text block (API rule); left empty, it is dropped.
 
 The output is a fresh list of fresh message dicts with fresh content lists; the block
 dicts inside are the stored ones unless changed, so treat them as read-only. The
@@ -214,6 +216,21 @@ def _pair(groups: list[_Group]) -> list[_Group]:
     return out
 
 
+THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
+
+
+def _as_prefill(out: list[_Group]) -> None:
+    """A final assistant message: thinking blocks out (dropped when nothing else is
+    left), trailing whitespace stripped."""
+    group = out[-1]
+    if any(block.get("type") in THINKING_TYPES for block in group.other):
+        group.other = [b for b in group.other if b.get("type") not in THINKING_TYPES]
+        if not group.other:
+            out.pop()
+            return
+    _strip_final_whitespace(group)
+
+
 def _strip_final_whitespace(group: _Group) -> None:
     last = group.other[-1] if group.other else None
     if last is not None and last.get("type") == "text":
@@ -227,7 +244,7 @@ def _normalized(nodes: Sequence[Node]) -> tuple[list[_Group], bool]:
     """The messages as groups, and whether the omission note must lead them."""
     out = _pair(_merge_rows(nodes))
     if out and out[-1].role == ASSISTANT:
-        _strip_final_whitespace(out[-1])
+        _as_prefill(out)
     return out, bool(out) and out[0].role == ASSISTANT
 
 
@@ -350,10 +367,11 @@ def validate_api_messages(messages: Sequence[ApiMessage]) -> list[str]:
     messages and each answering a tool_use of the previous assistant message exactly
     once, every tool_use answered in the next message unless it is the final one,
     unique tool_use ids, no trailing whitespace at the end of a final assistant message,
-    at most 4 cache_control marks among the messages, none on a thinking block. One
-    rule is stricter than the API's: a tool_result's content must not be blank (the
-    API refuses that only for an error result; normalize_for_api never sends it). An
-    empty list means valid."""
+    at most 4 cache_control marks among the messages, none on a thinking block. Two
+    rules are stricter than the API's: a tool_result's content must not be blank (the
+    API refuses that only for an error result), and a final assistant message holds no
+    thinking (refused with thinking off; with thinking on a prefill is refused anyway);
+    normalize_for_api never sends either. An empty list means valid."""
     if not messages:
         return ["messages: at least one message is required"]
     problems: list[str] = []
@@ -388,6 +406,12 @@ def validate_api_messages(messages: Sequence[ApiMessage]) -> list[str]:
         previous_uses = set(uses)
     if messages[last].get("role") == ASSISTANT:
         content = messages[last].get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") in THINKING_TYPES for b in content
+        ):
+            problems.append(
+                f"messages.{last}: a final assistant message (a prefill) cannot hold thinking"
+            )
         tail = content[-1] if isinstance(content, list) and content else None
         if isinstance(content, str):
             tail = {"type": "text", "text": content}

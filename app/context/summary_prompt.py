@@ -96,12 +96,14 @@ def summary_instruction(custom: str | None = None) -> str:
     return "\n".join(parts)
 
 
-def transcript_request(transcript: str, custom: str | None = None) -> str:
+def transcript_request(transcript: str, custom: str | None = None, prompts: str = "") -> str:
     """A summary request for a conversation given as text (render_for_summary), for
-    when it cannot be sent as the cached message prefix."""
+    when it cannot be sent as the cached message prefix. `prompts`: a `prompts_section`
+    placed between the transcript and the instruction."""
+    between = f"{prompts}\n\n" if prompts else ""
     return (
         "The conversation so far, as a transcript:\n\n"
-        f"<transcript>\n{transcript}\n</transcript>\n\n{summary_instruction(custom)}"
+        f"<transcript>\n{transcript}\n</transcript>\n\n{between}{summary_instruction(custom)}"
     )
 
 
@@ -147,3 +149,28 @@ def summary_message(
     if continue_work:
         parts += ["", CONTINUE_INSTRUCTION]
     return "\n".join(parts)
+
+
+_QUOTED = re.compile(r"<user_message>\n(.*?)\n</user_message>", re.DOTALL)
+
+
+def quoted_user_messages(summary_text: str) -> list[str]:
+    """The user's messages a compact_summary message quotes verbatim (oldest first):
+    the inverse of what `summary_message` writes."""
+    return _QUOTED.findall(summary_text)
+
+
+PROMPTS_HEADER = (
+    "The user's messages in the part of the conversation being summarised that the "
+    "conversation above does not show word for word (they are in collapsed spans or in "
+    "parts left out), verbatim, oldest first. Section 6 must cover them too:"
+)
+
+
+def prompts_section(prompts: list[str]) -> str:
+    """A block listing user messages verbatim, for a summary request whose input would
+    otherwise not show them (empty when there are none)."""
+    if not prompts:
+        return ""
+    quoted = "\n".join(f"<user_message>\n{p}\n</user_message>" for p in prompts)
+    return f"{PROMPTS_HEADER}\n{quoted}"

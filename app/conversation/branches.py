@@ -43,6 +43,8 @@ async def fork(
         thinking=source.thinking,
         meta=dict(source.meta or {}),
         compaction=dict(source.compaction or {}),
+        # Same prefix, same prompt cache (it is keyed by content): as warm as the source's.
+        last_request_at=source.last_request_at,
     )
     db.add(target)
     await db.flush()

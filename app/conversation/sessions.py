@@ -14,8 +14,7 @@ from app.context.estimates import anchored_estimate
 from app.context.limits import Limits, default_max_tokens
 from app.context.models import model_info
 from app.context.session import CompactionConfig, SessionConfig
-from app.conversation import store
-from app.conversation.views import ChainCache
+from app.conversation.views import ChainCache, load_view
 from app.domain import ACTIVE_RUN_STATUSES
 from app.errors import Conflict, Invalid, NotFound
 from app.models import AgentSession, Run
@@ -197,12 +196,11 @@ async def statuses(db: AsyncSession, session_ids: list[uuid.UUID]) -> dict[uuid.
 async def estimated_tokens(
     db: AsyncSession, views: ChainCache, session: AgentSession, config: SessionConfig
 ) -> int:
-    """The last response's real usage plus the stored estimates of what came after it
-    (invariant 8); from the cached view when it is the current one."""
-    records = views.peek(session.id, session.head_uuid)
-    if records is not None:
-        return anchored_estimate(config, records)
-    return anchored_estimate(config, await store.chain_usage(db, session.head_uuid))
+    """The figure of the next request as the view stands now (`anchored_estimate`:
+    real usage where it measured this view's prefix, estimates for the rest), the same
+    figure `GET /context` reports. Reading it does not fill the view cache."""
+    view = await load_view(db, views, session.id, session.head_uuid, config.compactable, keep=False)
+    return anchored_estimate(config, view.projected)
 
 
 async def to_out(

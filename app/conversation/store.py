@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from sqlalchemy import Row, Select, Table, Uuid, bindparam, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -28,16 +28,8 @@ RECORD_COLUMNS = tuple(messages_t.c[name] for name in COLUMNS)
 MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never reached
 
 
-class UsageRow(NamedTuple):
-    """The three columns a token estimate reads (`context.estimates`)."""
-
-    role: str | None
-    usage: dict[str, Any] | None
-    token_estimate: int
-
-
 @lru_cache(maxsize=16)
-def _chain_query(full: bool, usage_only: bool, stop: bool) -> Select[Any]:
+def _chain_query(full: bool, stop: bool) -> Select[Any]:
     """Built once per shape (statement construction is a real share of a turn's CPU);
     the head (and `stop`, a node the walk does not climb past) are bound parameters.
     Rows come unordered with their depth: sorting them in Python is cheaper than
@@ -67,16 +59,15 @@ def _chain_query(full: bool, usage_only: bool, stop: bool) -> Select[Any]:
     if stop:
         step = step.where(parent.c.uuid != bindparam("stop", type_=Uuid))
     chain = chain.union_all(step)
-    selected = (m.c.role, m.c.usage, m.c.token_estimate) if usage_only else RECORD_COLUMNS
-    return select(*selected, chain.c.depth.label("chain_depth")).join(
+    return select(*RECORD_COLUMNS, chain.c.depth.label("chain_depth")).join(
         chain, m.c.uuid == chain.c.uuid
     )
 
 
 async def _walk(
-    db: AsyncSession, head: uuid.UUID, full: bool, usage_only: bool, stop: uuid.UUID | None
+    db: AsyncSession, head: uuid.UUID, full: bool, stop: uuid.UUID | None
 ) -> list[Row[*tuple[Any, ...]]]:
-    query = _chain_query(full, usage_only, stop is not None)
+    query = _chain_query(full, stop is not None)
     params = {"head": head} if stop is None else {"head": head, "stop": stop}
     rows = list(await db.execute(query, params))
     rows.sort(key=lambda row: row.chain_depth, reverse=True)
@@ -91,14 +82,7 @@ async def chain(
     parent is then `stop`."""
     if head is None:
         return []
-    return [MessageRecord.from_row(row) for row in await _walk(db, head, full, False, stop)]
-
-
-async def chain_usage(db: AsyncSession, head: uuid.UUID | None) -> list[UsageRow]:
-    """The model view's chain, only what a token estimate reads."""
-    if head is None:
-        return []
-    return [UsageRow(*row[:3]) for row in await _walk(db, head, False, True, None)]
+    return [MessageRecord.from_row(row) for row in await _walk(db, head, full, stop)]
 
 
 async def get_message(

@@ -36,8 +36,10 @@ class ChainCache:
         self.size = 0
 
     async def view_records(
-        self, db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | None
+        self, db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | None, keep: bool = True
     ) -> tuple[list[MessageRecord], list[Node]]:
+        """The view's records and nodes. `keep=False` (a listing that reads many
+        sessions once) leaves the cache as it was unless it already holds the session."""
         if head is None:
             return [], []
         cached = self.entries.get(session_id)
@@ -55,7 +57,8 @@ class ChainCache:
             records, nodes = cached.records + walked, cached.nodes + new_nodes
         else:  # another branch, an older node, or past a new compact boundary
             records, nodes = walked, new_nodes
-        self._put(session_id, CachedChain(head, records, nodes))
+        if keep or cached is not None:
+            self._put(session_id, CachedChain(head, records, nodes))
         return records, nodes
 
     def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[MessageRecord] | None:
@@ -113,8 +116,10 @@ async def load_view(
     session_id: uuid.UUID,
     head: uuid.UUID | None,
     compactable: frozenset[str],
+    *,
+    keep: bool = True,
 ) -> ChainView:
-    records, nodes = await cache.view_records(db, session_id, head)
+    records, nodes = await cache.view_records(db, session_id, head, keep)
     found = await marks.load(db, session_id)
     anchors = found.watermark_anchors
     index = {node.uuid: i for i, node in enumerate(nodes)} if anchors or found.collapses else {}

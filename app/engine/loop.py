@@ -22,6 +22,7 @@ from sqlalchemy import Row, Table, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.context.estimates import REQUEST_ESTIMATE, request_estimate
 from app.context.request import build_body
 from app.context.session import SessionConfig
 from app.context.types import Block, Node
@@ -29,7 +30,7 @@ from app.conversation import sessions
 from app.conversation.payloads import message_payload, result_events, run_json
 from app.conversation.records import MessageRecord, new_message
 from app.conversation.store import sessions_t
-from app.domain import RunKind, RunStatus, ToolResult
+from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
 from app.engine import runs
 from app.engine.compaction import layers
 from app.engine.handle import RunStep
@@ -48,12 +49,6 @@ runs_t = cast(Table, Run.__table__)
 CONTINUE_TEXT = (
     "Output token limit hit. Resume directly from where you stopped, with no apology and "
     "no recap of what you were doing."
-)
-USAGE_COUNTERS = (
-    "input_tokens",
-    "output_tokens",
-    "cache_read_input_tokens",
-    "cache_creation_input_tokens",
 )
 
 
@@ -123,6 +118,8 @@ class TurnRunner:
                 )
             nodes = await self.prepare()
             body = build_body(self._config, nodes)
+            # Recorded on the reply: its usage anchors later estimates of this prefix.
+            measured = request_estimate(self._config, nodes)
             try:
                 msg_uuid, done = await self.reply.call(body)
             except PromptTooLong as exc:
@@ -136,7 +133,7 @@ class TurnRunner:
                 await layers.reactive(self, exc)
                 continue
             reactive_tried = False
-            await self.store_assistant(msg_uuid, done)
+            await self.store_assistant(msg_uuid, done, measured)
             uses = [block for block in done.content if block.get("type") == "tool_use"]
             if uses:
                 if await self.run_tools(uses, set(done.truncated_tool_use_ids)):
@@ -173,7 +170,9 @@ class TurnRunner:
             **fields,
         )
 
-    async def store_assistant(self, msg_uuid: uuid.UUID, done: MessageDone) -> None:
+    async def store_assistant(
+        self, msg_uuid: uuid.UUID, done: MessageDone, measured: int | None = None
+    ) -> None:
         usage = {key: int(value) for key, value in done.usage.items() if isinstance(value, int)}
         for key, value in usage.items():
             self.run_usage[key] = self.run_usage.get(key, 0) + value
@@ -186,6 +185,7 @@ class TurnRunner:
             model=done.model,
             stop_reason=done.stop_reason,
             usage=usage,
+            metadata=None if measured is None else {REQUEST_ESTIMATE: measured},
         )
         async with self.step() as step:
             [record] = await step.append(

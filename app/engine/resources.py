@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from app.config import Settings
@@ -18,6 +20,30 @@ from app.engine.llm.provider import make_model_client
 from app.engine.llm.retrying import RetryPolicy
 
 
+class CompactionSkips:
+    """Sessions whose automatic compaction was refused because it would not have made
+    the request smaller enough, with the figure it is tried again at (the estimate then,
+    grown by the minimum saving): the next turns skip it instead of paying for the same
+    refusal each time. Per process and bounded: a restart or another replica tries once
+    more."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._retry_at: OrderedDict[uuid.UUID, int] = OrderedDict()
+
+    def retry_at(self, session_id: uuid.UUID) -> int | None:
+        return self._retry_at.get(session_id)
+
+    def skip(self, session_id: uuid.UUID, retry_at: int) -> None:
+        self._retry_at.pop(session_id, None)
+        self._retry_at[session_id] = retry_at
+        while len(self._retry_at) > self.limit:
+            self._retry_at.popitem(last=False)
+
+    def clear(self, session_id: uuid.UUID) -> None:
+        self._retry_at.pop(session_id, None)
+
+
 @dataclass
 class Resources:
     settings: Settings
@@ -28,6 +54,7 @@ class Resources:
     retry: RetryPolicy
     hooks: list[CompactionHooks] = field(default_factory=list)
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    compaction_skips: CompactionSkips = field(default_factory=CompactionSkips)
 
     @classmethod
     def of(cls, settings: Settings) -> Resources:

@@ -37,8 +37,8 @@ async def test_manual_compaction_refusals_and_upstream_failure(
         sid = await new_session(client, tools=[weather])
         nothing = await client.post(f"/sessions/{sid}/compact", json={})
         assert nothing.status_code == 422
-        for i in range(3):
-            await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i}"})
+        for i in range(6):  # long enough that compacting would gain
+            await client.post(f"/sessions/{sid}/messages", json={"content": f"turn {i} " * 600})
         before = await messages(client, sid)
         fake.script(items.error(400, "summary refused"))
         failed = await client.post(f"/sessions/{sid}/compact", json={})

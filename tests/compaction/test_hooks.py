@@ -60,8 +60,10 @@ async def test_hooks_and_webhook(database_url: str, engine: AsyncEngine) -> None
             recorder = Recorder()
             server.runtime.resources.hooks[:0] = [Broken(), recorder]
             sid = await new_session(client)
-            for i in range(4):
-                await client.post(f"/sessions/{sid}/messages", json={"content": f"msg {i} " * 80})
+            # Long enough that the offline model's extractive summary makes it smaller
+            # (a compaction that would not is refused).
+            for i in range(10):
+                await client.post(f"/sessions/{sid}/messages", json={"content": f"msg {i} " * 300})
             result = (await client.post(f"/sessions/{sid}/compact", json={})).json()
             assert result["run"]["status"] == "completed"
         assert [stage for stage, _ in recorder.calls] == ["before", "after"]

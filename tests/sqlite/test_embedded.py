@@ -43,15 +43,15 @@ async def test_turns_tools_tree_fork_compact_on_sqlite(sqlite_live: LiveServer) 
         assert names(events)[-1] == "run.completed"
         assert "tool_result" in names(events)
         assert (await client.get(f"/sessions/{sid}/files/a.txt")).content == b"hello"
-        for i in range(3):
+        for i in range(10):  # long enough that compacting makes it smaller
             body = (
                 await client.post(
-                    f"/sessions/{sid}/messages", json={"content": f"message {i} " * 50}
+                    f"/sessions/{sid}/messages", json={"content": f"message {i} " * 300}
                 )
             ).json()
             assert body["run"]["status"] == "completed"
         chain = await messages(client, sid)
-        assert len(chain) == 10
+        assert len(chain) == 24
         compacted = await client.post(f"/sessions/{sid}/compact", json={})
         assert compacted.status_code == 200, compacted.text
         summary = compacted.json()["summary"]

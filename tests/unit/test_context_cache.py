@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.context.cache import add_cache_breakpoints
+from app.context.cache import add_cache_breakpoints, cache_cold
 from app.context.normalize import normalize_for_api, validate_api_messages
 from app.context.types import ASSISTANT, CACHEABLE_BLOCK_TYPES, USER, ApiMessage
 from tests.unit.strategies import histories, text, thinking, tool_result, tool_use
@@ -137,3 +138,13 @@ def test_at_most_four_marks_on_cacheable_blocks_inputs_untouched(
         last = out[-1]["content"]
         if any(b["type"] in CACHEABLE_BLOCK_TYPES for b in last):
             assert any("cache_control" in b for b in last)
+
+
+def test_a_session_never_sent_is_cold() -> None:
+    """Nothing of Parley's prefix is cached before its first request (an imported
+    transcript's cache was the source's): compaction renders to text, micro clears."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    assert cache_cold(None, 300, now)
+    assert not cache_cold(now - timedelta(seconds=10), 300, now)
+    assert cache_cold(now - timedelta(seconds=301), 300, now)
+    assert not cache_cold((now - timedelta(seconds=10)).replace(tzinfo=None), 300, now)

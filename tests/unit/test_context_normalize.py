@@ -197,6 +197,28 @@ def test_final_assistant_trailing_whitespace_is_stripped_only_at_the_end() -> No
     assert h[3].content == [text("two  ")]
 
 
+def test_final_assistant_message_sheds_its_thinking() -> None:
+    """A chain ending in a reply with thinking (an imported transcript, say): the API
+    refuses thinking in a final assistant message (with thinking off, and a prefill is
+    not taken with thinking on), so it is left out; a reply of thinking alone goes."""
+    signed = thinking("let me see", signature="sig")
+    h = [u("u1", text("q")), a("a1", signed, text("answer"))]
+    assert normalize_for_api(h) == [
+        {"role": USER, "content": [text("q")]},
+        {"role": ASSISTANT, "content": [text("answer")]},
+    ]
+    assert normalize_for_api([u("u1", text("q")), a("a1", signed)]) == [
+        {"role": USER, "content": [text("q")]}
+    ]
+    # Not final: kept byte for byte.
+    out = normalize_for_api([*h, u("u2", text("more"))])
+    assert out[1]["content"][0] is signed
+    problems = validate_api_messages(
+        [{"role": USER, "content": [text("q")]}, {"role": ASSISTANT, "content": [signed]}]
+    )
+    assert any("cannot hold thinking" in p for p in problems)
+
+
 def test_cache_control_removed_and_blocks_shared_otherwise() -> None:
     marked = text("q", cache_control={"type": "ephemeral"})
     sig = thinking("deep", "SIG")
@@ -374,7 +396,8 @@ def test_inputs_not_mutated(h: list[Node]) -> None:
 
 @given(histories())
 def test_thinking_and_tool_use_blocks_pass_through_unaltered(h: list[Node]) -> None:
-    out = normalize_for_api(h)
+    # (a user turn after them: the final assistant message of a prefill sheds its thinking)
+    out = normalize_for_api([*h, u("next", text("go on"))])
     sent = [b for m in out if m["role"] == ASSISTANT for b in m["content"]]
     seen: set[str] = set()
     expected = []

@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import uuid
 
-from app.context.collapse import plan_collapse_spans
+from app.context.collapse import collapsed_node, plan_collapse_spans
+from app.context.estimates import anchored_estimate
 from app.context.limits import Limits
 from app.context.projection import span_indices
 from app.context.render import render_for_summary
 from app.context.summary_prompt import extract_summary
-from app.context.tokens import chars_to_tokens
+from app.context.tokens import estimate_messages
 from app.conversation import marks, sessions
 from app.conversation.views import load_view
 from app.engine.compaction.summary import CompactionFailed, complete
+from app.engine.compaction.usage import charge_session
 from app.engine.llm.errors import ModelError
 from app.engine.resources import Resources
 from app.models import AgentSession
@@ -38,13 +40,12 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
             return 0
         config = sessions.config_of(session, resources.settings)
         limits = Limits.of(config)
-        # The cheap estimate first (three columns of the chain): most sessions stop here.
-        estimate = await sessions.estimated_tokens(db, resources.views, session, config)
-        if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
-            return 0
         view = await load_view(
             db, resources.views, session_id, session.head_uuid, config.compactable
         )
+    estimate = anchored_estimate(config, view.projected)
+    if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
+        return 0
     existing = [(start, end) for start, end, _ in span_indices(view.nodes, view.collapses)]
     spans = plan_collapse_spans(view.nodes, skip=existing)[:max_spans]
     done = 0
@@ -62,11 +63,12 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
         except (CompactionFailed, ModelError) as exc:
             log.warning("collapse summary failed: %s", exc)
             break
+        await charge_session(resources, session_id, result.usage)
         text = "".join(b.get("text", "") for b in result.content if b.get("type") == "text")
         text = extract_summary(text)
         if not text:
             continue
-        saved = sum(n.token_estimate for n in nodes) - chars_to_tokens(len(text)) - 10
+        saved = estimate_messages(nodes) - collapsed_node(text, "").token_estimate
         if saved <= 0:
             continue
         async with resources.db.transaction() as db:

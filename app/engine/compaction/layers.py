@@ -10,13 +10,12 @@ from datetime import UTC, datetime
 from sqlalchemy import update
 
 from app.context.cache import cache_cold
-from app.context.compaction import NothingToCompact
+from app.context.compaction import NothingToCompact, NothingToGain
 from app.context.estimates import anchored_estimate
 from app.context.limits import Limits, max_tokens_of
 from app.context.micro import plan_micro
 from app.context.types import Node
 from app.conversation import marks
-from app.conversation.views import ChainView
 from app.domain import CompactionOutcome, CompactionTrigger
 from app.engine.compaction.compact import compact, current_view
 from app.engine.compaction.summary import CompactionFailed
@@ -31,20 +30,15 @@ log = logging.getLogger("parley.compaction")
 MAX_CONSECUTIVE_FAILURES = 3
 
 
-def request_estimate(run: RunHandle, view: ChainView, freed: int = 0) -> int:
-    """Anchored on the last response's real usage (invariant 8), less what projections
-    applied since then free."""
-    return max(anchored_estimate(run.config, view.records) - freed, 0)
-
-
 async def before_request(run: RunHandle) -> list[Node]:
     """The view the next request is built from, after micro-compaction, collapse and
-    (when still over the threshold) auto-compaction."""
+    (when still over the threshold) auto-compaction. The estimate that decides is the
+    figure of the view as projected now (`anchored_estimate`: a projection since the
+    last reply is taken off its anchor)."""
     resources, session = run.resources, run.session
     limits = Limits.of(run.config)
     settings = limits.compaction
     view = await current_view(run)
-    freed = 0
     if settings.micro:
         cold = cache_cold(
             session.last_request_at, resources.settings.cache_ttl_seconds, datetime.now(UTC)
@@ -63,13 +57,12 @@ async def before_request(run: RunHandle) -> list[Node]:
                 marks.add_watermark(db, session.id, anchor, planned.tokens_freed)
             view.watermark = planned.watermark
             view.reproject()
-            freed += planned.tokens_freed
             log.info(
                 "micro-compaction cleared %d results (%d tokens)",
                 planned.results_cleared,
                 planned.tokens_freed,
             )
-    estimate = request_estimate(run, view, freed)
+    estimate = anchored_estimate(run.config, view.projected)
     pending = [span for span in view.collapses if span.applied_at is None]
     if pending and estimate > settings.collapse_at * limits.auto_compact_threshold:
         applied_at = datetime.now(UTC)
@@ -78,26 +71,43 @@ async def before_request(run: RunHandle) -> list[Node]:
         for span in pending:
             span.applied_at = applied_at
         view.reproject()
-        freed += sum(span.tokens_saved for span in pending)
-        estimate = request_estimate(run, view, freed)
-    if (
-        settings.auto
-        and estimate > limits.auto_compact_threshold
-        and session.compact_failures < MAX_CONSECUTIVE_FAILURES
-    ):
+        estimate = anchored_estimate(run.config, view.projected)
+    if estimate > limits.auto_compact_threshold and should_auto_compact(run, estimate):
         try:
             await compact(run, CompactionTrigger.AUTO, pre_tokens=estimate)
+        except NothingToGain as exc:
+            # Not worth a summary now: try again once the view has grown by the saving.
+            retry_at = int(estimate * (1 + resources.settings.compaction_min_saving)) + 1
+            resources.compaction_skips.skip(session.id, retry_at)
+            log.info("auto-compaction skipped until %d tokens: %s", retry_at, exc)
+            check_fits(run, estimate, exc)
         except (NothingToCompact, CompactionFailed) as exc:
             await count_failure(resources, session.id)
             log.warning("auto-compaction failed: %s", exc)
-            if estimate > limits.context_window - max_tokens_of(run.config):
-                raise RunFailed(
-                    "context_overflow",
-                    f"The conversation ({estimate} tokens) no longer fits the context window "
-                    f"and could not be compacted: {exc}",
-                ) from exc
+            check_fits(run, estimate, exc)
         view = await current_view(run)
     return view.projected
+
+
+def should_auto_compact(run: RunHandle, estimate: int) -> bool:
+    """Auto-compaction is on, has not failed three times in a row, and was not found
+    worthless at a figure this one has not yet outgrown."""
+    if not run.config.compaction.auto:
+        return False
+    if run.session.compact_failures >= MAX_CONSECUTIVE_FAILURES:
+        return False
+    retry_at = run.resources.compaction_skips.retry_at(run.session.id)
+    return retry_at is None or estimate >= retry_at
+
+
+def check_fits(run: RunHandle, estimate: int, reason: Exception) -> None:
+    """After auto-compaction could not help: fail the run when the request cannot fit."""
+    if estimate > Limits.of(run.config).context_window - max_tokens_of(run.config):
+        raise RunFailed(
+            "context_overflow",
+            f"The conversation ({estimate} tokens) no longer fits the context window "
+            f"and could not be compacted: {reason}",
+        )
 
 
 async def count_failure(resources: Resources, session_id: uuid.UUID) -> None:
@@ -123,6 +133,13 @@ async def reactive(run: RunHandle, error: PromptTooLong) -> None:
             pre_tokens=error.tokens or None,
             threshold=threshold,
         )
+    except NothingToGain as exc:
+        raise RunFailed(
+            "context_overflow",
+            f"The prompt is too long ({error.tokens} tokens > {error.maximum}) and "
+            f"compacting would not shorten it enough: {exc}",
+            error.request_id,
+        ) from exc
     except (NothingToCompact, CompactionFailed) as exc:
         await count_failure(run.resources, run.session.id)
         raise RunFailed(
@@ -139,6 +156,13 @@ async def run_manual(run: RunHandle, instructions: str | None) -> CompactionOutc
         return await compact(run, CompactionTrigger.MANUAL, instructions=instructions)
     except NothingToCompact as exc:
         raise RunFailed("nothing_to_compact", str(exc)) from exc
+    except NothingToGain as exc:
+        figures = {
+            "pre_tokens": exc.pre_tokens,
+            "post_tokens": exc.post_tokens,
+            "min_saving": exc.min_saving,
+        }
+        raise RunFailed("nothing_to_gain", str(exc), extra=figures) from exc
     except CompactionFailed as exc:
         cause = exc.cause
         raise RunFailed(
