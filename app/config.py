@@ -90,12 +90,16 @@ class Settings(BaseSettings):
     # Runs
     max_model_calls_per_run: int = Field(default=50, ge=1)
     max_continuations: int = Field(default=3, ge=0, le=20)
-    run_lease_seconds: float = Field(default=30.0, ge=2)
+    run_lease_seconds: float = Field(default=10.0, ge=2)
     requires_action_ttl_seconds: float = Field(default=3600.0, gt=0)
-    reaper_interval_seconds: float = Field(default=5.0, gt=0)
+    reaper_interval_seconds: float = Field(default=2.0, gt=0)
+    # A run whose owner died is resumed by another process at most this many times.
+    max_takeovers: int = Field(default=3, ge=0)
+    # How long a run step is retried while the database is unreachable.
+    db_retry_seconds: float = Field(default=60.0, ge=0)
     tool_result_max_chars: int = Field(default=50_000, ge=1000)
     event_flush_seconds: float = Field(default=0.05, ge=0)
-    shutdown_grace_seconds: float = Field(default=10.0, ge=0)
+    shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # Messages of recently used sessions' views kept in memory (0: none).
     view_cache_messages: int = Field(default=100_000, ge=0)
 

@@ -119,6 +119,16 @@ class Run(Base):
     last_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Fencing: bumped at every claim or take-over; a write of the run's owner holds only
+    # while the row still has the owner's epoch.
+    epoch: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The highest event id an owner may have sent: a later owner starts after it, so no
+    # id is ever given to two events.
+    reserved_seq: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    takeovers: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The model message being streamed (announced as discarded if its owner stops).
+    streaming_uuid: Mapped[UUID | None] = mapped_column(Uuid)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
