@@ -166,3 +166,37 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a database error is the kind that goes away (the server restarting, a
+    dropped connection, a failover), as opposed to a bug or a constraint."""
+    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, DBAPIError) and (
+            seen.connection_invalidated or isinstance(seen, (OperationalError, InterfaceError))
+        ):
+            return True
+        if isinstance(seen, (OSError, ConnectionError, TimeoutError)):
+            return True
+        if (
+            type(seen).__module__.startswith("asyncpg")
+            and type(seen).__name__ in _ASYNCPG_TRANSIENT
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+_ASYNCPG_TRANSIENT = frozenset(
+    {
+        "ConnectionDoesNotExistError",
+        "CannotConnectNowError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+        "ConnectionFailureError",
+        "TooManyConnectionsError",
+    }
+)

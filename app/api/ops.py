@@ -31,7 +31,9 @@ async def healthz() -> Health:
 )
 async def readyz(runtime: RuntimeDep) -> Response:
     """200 when the database answers and is migrated to the revision this build expects;
-    503 (problem+json) otherwise. No key needed."""
+    503 (problem+json) otherwise, and while the process shuts down. No key needed."""
+    if runtime.supervisor.shutting_down.is_set():
+        return _unready("The server is shutting down")
     try:
         revision = await current_revision(runtime.db.engine)
     except Exception as exc:  # any driver error means "not ready", never a 500

@@ -191,8 +191,11 @@ class Admission:
         )
         run.status = RunStatus.RUNNING
         run.required_action = None
-        run.worker_id = self.resources.worker_id
-        run.lease_expires_at = runs.lease_deadline(self.resources.settings.run_lease_seconds)
+        runs.own(
+            run,
+            worker_id=self.resources.worker_id,
+            lease_seconds=self.resources.settings.run_lease_seconds,
+        )
         run.state = run.state.model_copy(update={"results": {}})
         if record is not None:
             set_committed_value(session, "head_uuid", record.uuid)
@@ -212,7 +215,7 @@ class Admission:
         Idempotent: a finished run is returned unchanged."""
         if run.status in FINAL_RUN_STATUSES:
             return run
-        if run.status == RunStatus.RUNNING and await self.supervisor.cancel_local(run.id, reason):
+        if run.status == RunStatus.RUNNING and await self.supervisor.cancel(run, reason):
             await db.refresh(run)
             await db.refresh(session)
             return run

@@ -12,6 +12,13 @@ Followers in this process subscribe to the channel; followers elsewhere read the
 table, woken by Postgres LISTEN/NOTIFY (the notification carries ids, not payloads)
 or, on SQLite, by polling. Either way a follower first catches up from the table and
 the channel's unwritten events, then follows live, so it never skips an id.
+
+Runs outlive processes (architecture: "Runs across processes"). Every write of the
+owner is fenced by its epoch (`LostOwnership` when another process took the run over),
+and an id is sent only once it is stored or reserved in the run row (`reserved_seq`),
+so a later owner, which starts after the reserved block, never reuses one. The ids an
+owner reserved but never stored form a lost range; a follower goes on with the next
+stored id.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
 from sqlalchemy import Table, insert, select, text, update
@@ -38,6 +46,11 @@ run_events_t = cast(Table, RunEvent.__table__)
 log = logging.getLogger("parley.events")
 
 NOTIFY_CHANNEL = "parley_run_events"
+# Run control between processes: `cancel:<run id>` (stop it), `released:<run id>` (take
+# it over now).
+CONTROL_CHANNEL = "parley_run_control"
+# Event ids an owner reserves at a time before sending them.
+RESERVE_BLOCK = 256
 TERMINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 PAUSE_EVENT = "run.requires_action"
 
@@ -64,6 +77,11 @@ SHUTDOWN = StoredEvent(
 )
 
 
+class LostOwnership(Exception):
+    """The run has another owner now (taken over, or ended elsewhere): this process must
+    not write for it any more."""
+
+
 def dumps(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
 
@@ -78,10 +96,15 @@ class RunChannel:
 
     run_id: uuid.UUID
     next_seq: int
-    unwritten: list[StoredEvent] = field(default_factory=list)  # published, not stored yet
+    epoch: int = 0  # the owner's fencing epoch
+    reserved: int = 0  # ids up to this one may be sent before they are stored
+    unwritten: list[StoredEvent] = field(default_factory=list)  # taken, not stored yet
+    held: list[StoredEvent] = field(default_factory=list)  # unwritten, beyond `reserved`
     subscribers: set[asyncio.Queue[StoredEvent | None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     flush_timer: asyncio.TimerHandle | None = None
+    reserving: asyncio.Task[None] | None = None
+    lost: bool = False
 
     def take_seq(self, event: str, data: Any) -> StoredEvent:
         stored = StoredEvent(self.next_seq, event, dumps(data))
@@ -91,6 +114,12 @@ class RunChannel:
     def publish(self, event: StoredEvent | None) -> None:
         for subscriber in self.subscribers:
             subscriber.put_nowait(event)
+
+    def release_held(self, upto: int) -> None:
+        """Send the held events whose ids are now stored or reserved (in order)."""
+        self.reserved = max(self.reserved, upto)
+        while self.held and self.held[0].seq <= self.reserved:
+            self.publish(self.held.pop(0))
 
 
 class Step:
@@ -102,6 +131,8 @@ class Step:
         self.db = db
         self.events: list[StoredEvent] = []
         self.run_values: dict[str, Any] = {}  # set on the run row with its last event seq
+        # The owner's last step (a pause, the end): ids it reserved but did not use go back.
+        self.final = False
 
     def add(self, event: str, data: Any) -> None:
         self.events.append(self.channel.take_seq(event, data))
@@ -115,14 +146,21 @@ class EventHub:
         self._wakeups: dict[uuid.UUID, set[asyncio.Event]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
         self._listener: Any = None
+        self._listen_task: asyncio.Task[None] | None = None
+        # Told of `CONTROL_CHANNEL` messages (kind, run id) and of runs this process lost.
+        self.on_control: Callable[[str, uuid.UUID], None] | None = None
+        self.on_lost: Callable[[uuid.UUID], None] | None = None
 
     # --- writing -------------------------------------------------------------------
 
-    def open(self, run_id: uuid.UUID, last_seq: int) -> RunChannel:
-        """Start (or resume) the live channel of a run that executes here."""
+    def open(self, run_id: uuid.UUID, last_seq: int, epoch: int = 0) -> RunChannel:
+        """Start (or resume) the live channel of a run that executes here, owned with
+        `epoch`; its ids start after `last_seq` (the last id stored or reserved)."""
         channel = self.channels.get(run_id)
         if channel is None:
-            channel = self.channels[run_id] = RunChannel(run_id=run_id, next_seq=last_seq + 1)
+            channel = self.channels[run_id] = RunChannel(
+                run_id=run_id, next_seq=last_seq + 1, epoch=epoch, reserved=last_seq
+            )
             self.wake(run_id)  # followers polling the table can switch to the channel
         return channel
 
@@ -131,20 +169,53 @@ class EventHub:
         channel = self.channels.get(run_id)
         if channel is None:
             return
-        await self._flush(channel)
+        if channel.reserving is not None:
+            channel.reserving.cancel()
+        if not channel.lost:
+            await self._flush(channel)
         self.channels.pop(run_id, None)
         channel.publish(None)
 
     def emit_nowait(self, run_id: uuid.UUID, event: str, data: Any) -> None:
-        """A delta: published at once, stored within `flush_seconds`."""
+        """A delta: published at once (or once its id is reserved), stored within
+        `flush_seconds`."""
         channel = self.channels[run_id]
         stored = channel.take_seq(event, data)
         channel.unwritten.append(stored)
-        channel.publish(stored)
+        if stored.seq <= channel.reserved and not channel.held:
+            channel.publish(stored)
+        else:
+            channel.held.append(stored)
+        if channel.reserved - stored.seq < RESERVE_BLOCK // 2 and channel.reserving is None:
+            channel.reserving = asyncio.create_task(self._reserve_ahead(channel))
         if channel.flush_timer is None:
             channel.flush_timer = asyncio.get_running_loop().call_later(
                 self.flush_seconds, self._schedule_flush, channel
             )
+
+    async def reserve(self, run_id: uuid.UUID, **run_values: Any) -> None:
+        """Reserve the next block of ids in the run row (with `run_values`) before they
+        are sent: a later owner starts after it."""
+        channel = self.channels[run_id]
+        async with channel.lock, self.db.transaction() as db:
+            target = max(channel.reserved, channel.next_seq - 1) + RESERVE_BLOCK
+            await self._fence(db, channel, {**run_values, "reserved_seq": target})
+        channel.release_held(target)
+
+    async def _reserve_ahead(self, channel: RunChannel) -> None:
+        try:
+            await self.reserve(channel.run_id)
+        except LostOwnership:
+            self._lose(channel)
+        except Exception as exc:  # the next delta tries again; held ones wait
+            log.warning("could not reserve event ids of run %s: %s", channel.run_id, exc)
+        finally:
+            channel.reserving = None
+
+    def _lose(self, channel: RunChannel) -> None:
+        channel.lost = True
+        if self.on_lost is not None:
+            self.on_lost(channel.run_id)
 
     @contextlib.asynccontextmanager
     async def step(self, run_id: uuid.UUID) -> AsyncIterator[Step]:
@@ -155,18 +226,39 @@ class EventHub:
             try:
                 yield step
                 written = [*channel.unwritten, *step.events]
-                if written or step.run_values:
-                    await self._write(db, run_id, written, step.run_values)
+                values = dict(step.run_values)
+                if step.final and written:
+                    values["reserved_seq"] = written[-1].seq
+                await self._write(db, channel, written, values)
                 await db.commit()
-            except BaseException:
+            except BaseException as exc:
                 await db.rollback()
-                # The step did not happen: give its ids back so the sequence stays gap-free.
+                # The step did not happen: give its ids back (none of them was sent).
                 if step.events:
                     channel.next_seq = step.events[0].seq
+                if isinstance(exc, LostOwnership):
+                    channel.lost = True
                 raise
             del channel.unwritten[: len(written) - len(step.events)]
+            if written:
+                channel.release_held(written[-1].seq)
         for event in step.events:
             channel.publish(event)
+
+    async def hand_over(self, run_id: uuid.UUID) -> None:
+        """Store what is left, release the run's lease (its ids up to the last one
+        taken) and tell the other processes to take it over now."""
+        channel = self.channels.get(run_id)
+        if channel is None or channel.lost:
+            return
+        async with channel.lock, self.db.transaction() as db:
+            values: dict[str, Any] = {"lease_expires_at": datetime.now(UTC), "worker_id": None}
+            if channel.unwritten:
+                values["reserved_seq"] = channel.unwritten[-1].seq
+            await self._write(db, channel, list(channel.unwritten), values)
+            await self.control(db, "released", run_id)
+            channel.lost = True  # no write of this process after this
+        channel.unwritten.clear()
 
     async def emit(self, run_id: uuid.UUID, event: str, data: Any) -> None:
         """An event of its own: returns once it is stored (and published)."""
@@ -185,32 +277,52 @@ class EventHub:
             channel.flush_timer = None
         async with channel.lock:
             batch = list(channel.unwritten)
-            if not batch:
+            if not batch or channel.lost:
                 return
             try:
                 async with self.db.transaction() as db:
-                    await self._write(db, channel.run_id, batch)
-            except Exception:
-                log.exception("could not store events of run %s", channel.run_id)
+                    await self._write(db, channel, batch)
+            except LostOwnership:
+                self._lose(channel)
+                return
+            except Exception as exc:  # kept: the next flush or step writes them
+                log.warning("could not store events of run %s: %s", channel.run_id, exc)
                 return
             # Dropped only after the commit: a follower finds each event in one place or
             # the other.
             del channel.unwritten[: len(batch)]
+            channel.release_held(batch[-1].seq)
 
     async def _write(
         self,
         db: AsyncSession,
-        run_id: uuid.UUID,
+        channel: RunChannel,
         events: list[StoredEvent],
         run_values: dict[str, Any] | None = None,
     ) -> None:
         values = dict(run_values or {})
         if events:
-            await db.execute(insert(run_events_t), event_rows(run_id, events))
+            await db.execute(insert(run_events_t), event_rows(channel.run_id, events))
             values["last_event_seq"] = events[-1].seq
-        await db.execute(update(runs_t).where(runs_t.c.id == run_id).values(**values))
+        await self._fence(db, channel, values)
         if events:
-            await self.notify(db, run_id, events[-1].seq)
+            await self.notify(db, channel.run_id, events[-1].seq)
+
+    async def fenced(self, db: AsyncSession, run_id: uuid.UUID, values: dict[str, Any]) -> None:
+        """Set `values` on a run executing here in the caller's transaction, fenced."""
+        await self._fence(db, self.channels[run_id], values)
+
+    async def _fence(self, db: AsyncSession, channel: RunChannel, values: dict[str, Any]) -> None:
+        """Set `values` on the run row while the channel's epoch still owns it (the row
+        lock orders this against a take-over); `LostOwnership` otherwise."""
+        result = await db.execute(
+            update(runs_t)
+            .where(runs_t.c.id == channel.run_id, runs_t.c.epoch == channel.epoch)
+            .values(**(values or {"epoch": runs_t.c.epoch}))
+            .returning(runs_t.c.id)
+        )
+        if result.first() is None:
+            raise LostOwnership(f"run {channel.run_id} has another owner")
 
     async def notify(self, db: AsyncSession, run_id: uuid.UUID, seq: int) -> None:
         """Tell followers in other processes (sent when the transaction commits)."""
@@ -218,6 +330,14 @@ class EventHub:
             await db.execute(
                 text("SELECT pg_notify(:channel, :payload)"),
                 {"channel": NOTIFY_CHANNEL, "payload": f"{run_id}:{seq}"},
+            )
+
+    async def control(self, db: AsyncSession, kind: str, run_id: uuid.UUID) -> None:
+        """Tell the other processes to act on a run (sent when the transaction commits)."""
+        if not self.db.is_sqlite:
+            await db.execute(
+                text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": CONTROL_CHANNEL, "payload": f"{kind}:{run_id}"},
             )
 
     # --- reading -------------------------------------------------------------------
@@ -268,8 +388,9 @@ class EventHub:
                         channel.subscribers.add(inbox)
                         subscribed = channel
                     unwritten = list(channel.unwritten)
+                # Ids grow; a jump in the table is a lost range (never stored, never reused).
                 for event in [*await self.stored(run_id, last), *unwritten]:
-                    if event.seq != last + 1:
+                    if event.seq <= last:
                         continue
                     last = event.seq
                     yield event
@@ -348,20 +469,57 @@ class EventHub:
     # --- cross-process wakeups (Postgres) ------------------------------------------
 
     async def start_listener(self, dsn: str) -> None:
-        """LISTEN for events written by other processes (Postgres only)."""
+        """LISTEN for events and run control of other processes (Postgres only), and
+        LISTEN again whenever the connection is lost (the database restarted)."""
+        connected = asyncio.Event()
+        self._listen_task = asyncio.create_task(self._listen(dsn, connected), name="parley-listen")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(connected.wait(), timeout=5)
+
+    async def _listen(self, dsn: str, connected: asyncio.Event, retry_max: float = 2.0) -> None:
         import asyncpg
 
-        try:
-            self._listener = await asyncpg.connect(dsn)
-            await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
-        except Exception:
-            log.warning("LISTEN/NOTIFY unavailable; remote runs are followed by polling")
-            self._listener = None
+        delay = 0.1
+        while True:
+            closed = asyncio.Event()
+            try:
+                self._listener = await asyncpg.connect(dsn)
+                self._listener.add_termination_listener(lambda _conn, ev=closed: ev.set())
+                await self._listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+                await self._listener.add_listener(CONTROL_CHANNEL, self._on_control)
+            except Exception as exc:
+                log.warning("LISTEN failed (%s); remote runs are polled until it works", exc)
+                await self._drop_listener()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, retry_max)
+                continue
+            delay = 0.1
+            connected.set()
+            # Notifications sent while we were away are lost: let every follower look.
+            for run_id in list(self._wakeups):
+                self.wake(run_id)
+            while not closed.is_set() and not self._listener.is_closed():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(closed.wait(), timeout=1)
+            log.warning("the LISTEN connection was lost; reconnecting")
+            await self._drop_listener()
+
+    async def _drop_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=1)
 
     def _on_notify(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         run_id, _, _ = payload.partition(":")
         with contextlib.suppress(ValueError):
             self.wake(uuid.UUID(run_id))
+
+    def _on_control(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        kind, _, run_id = payload.partition(":")
+        with contextlib.suppress(ValueError):
+            if self.on_control is not None:
+                self.on_control(kind, uuid.UUID(run_id))
 
     async def stop(self) -> None:
         for run_id in list(self.channels):
@@ -369,7 +527,8 @@ class EventHub:
         for task in list(self._flushes):
             with contextlib.suppress(Exception):
                 await task
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                await self._listener.close()
-            self._listener = None
+        if self._listen_task is not None:
+            self._listen_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listen_task
+        await self._drop_listener()

@@ -5,7 +5,13 @@
 
 No database transaction is held across a model call or a tool call (invariant 5): each
 finished piece of work is one step (`step()`), a transaction holding its rows and the
-events that report them, sent only after it commits.
+events that report them, sent only after it commits. A step that fails for a transient
+database error is retried (`PARLEY_DB_RETRY_SECONDS`) with what it stores held in memory.
+
+What is stored says where a run is, so any process can resume it (`resume`): a stored
+assistant message whose tool results are not stored runs its tools (those whose results
+are not recorded), anything else calls the model. Only the owner of the run's current
+epoch writes (`LostOwnership` stops any other silently).
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Row, Table, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -26,23 +32,32 @@ from app.context.estimates import REQUEST_ESTIMATE, request_estimate
 from app.context.request import build_body
 from app.context.session import SessionConfig
 from app.context.types import Block, Node
-from app.conversation import sessions
+from app.conversation import sessions, store
 from app.conversation.payloads import message_payload, result_events, run_json
 from app.conversation.records import MessageRecord, new_message
 from app.conversation.store import sessions_t
+from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
 from app.engine import runs
 from app.engine.compaction import layers
+from app.engine.events import LostOwnership
 from app.engine.handle import RunStep
 from app.engine.llm.errors import ModelError, PromptTooLong
 from app.engine.llm.events import MessageDone
-from app.engine.model_call import ReplyStream
+from app.engine.model_call import Partial, ReplyStream
 from app.engine.resources import Resources
 from app.engine.tool_calls import plan_round, run_builtins
 from app.errors import RunFailed
 from app.models import AgentSession, Run
 
 log = logging.getLogger("parley.loop")
+
+T = TypeVar("T")
+
+# Why the supervisor cancels a run's task, besides a client's cancel.
+HANDOVER = "handover"  # this process shuts down: another one resumes the run
+LOST = "lost"  # another process owns the run now: stop without a write
+DISCARDED_ON_RESUME = "The process streaming this message stopped; the reply is generated again"
 
 runs_t = cast(Table, Run.__table__)
 
@@ -70,6 +85,7 @@ class TurnRunner:
         self._fresh_session = True
         self.pending_results: dict[str, ToolResult] = {}
         self.queued_next = True  # until `finish` has looked
+        self.resumed = bool(run.takeovers)  # taken over from a process that stopped
         self.reply = ReplyStream(
             resources.llm, resources.events, run.id, resources.retry, self._count_call
         )
@@ -98,6 +114,30 @@ class TurnRunner:
     async def emit(self, event: str, data: Any) -> None:
         await self.resources.events.emit(self.run_id, event, data)
 
+    async def emit_discarded(self, message_uuid: uuid.UUID) -> None:
+        """Withdraw the message the owner before was streaming (clients drop it)."""
+        async with self.step() as step:
+            step.report(
+                "message.discarded", {"uuid": str(message_uuid), "reason": DISCARDED_ON_RESUME}
+            )
+            step.run_values["streaming_uuid"] = None
+
+    async def durably(self, work: Callable[[], Awaitable[T]]) -> T:
+        """`work` (a step, or reads), retried with backoff while the database fails
+        transiently, for up to `db_retry_seconds`; what it stores is held meanwhile."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.db_retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                return await work()
+            except Exception as exc:
+                if not is_transient(exc) or loop.time() + delay > deadline:
+                    raise
+                log.warning("run %s: database unavailable (%s); retrying", self.run_id, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
     # --- the loop ------------------------------------------------------------------
 
     def _count_call(self) -> None:
@@ -109,6 +149,8 @@ class TurnRunner:
         limit = self.settings.max_model_calls_per_run
         continuations = 0
         reactive_tried = False
+        if self.resumed and await self.resume():
+            return
         while True:
             if self.state.model_calls >= limit:
                 raise RunFailed(
@@ -116,7 +158,7 @@ class TurnRunner:
                     f"The run reached its limit of {limit} model calls "
                     "(PARLEY_MAX_MODEL_CALLS_PER_RUN) and was stopped",
                 )
-            nodes = await self.prepare()
+            nodes = await self.durably(self.prepare)
             body = build_body(self._config, nodes)
             # Recorded on the reply: its usage anchors later estimates of this prefix.
             measured = request_estimate(self._config, nodes)
@@ -145,6 +187,26 @@ class TurnRunner:
                 continue
             break
         await self.finish(RunStatus.COMPLETED)
+
+    async def resume(self) -> bool:
+        """Go on from what is stored after a take-over: run the tools of a stored reply
+        whose results are not stored, or end a run whose final reply is stored. True when
+        the run paused or ended."""
+
+        async def read_head() -> MessageRecord | None:
+            if self._head is None:
+                return None
+            async with self.resources.db.sessionmaker() as db:
+                return await store.get_message(db, self._session.id, self._head)
+
+        head = await self.durably(read_head)
+        if head is None or head.role != "assistant" or head.run_id != self.run_id:
+            return False
+        uses = [block for block in head.content if block.get("type") == "tool_use"]
+        if not uses:
+            await self.finish(RunStatus.COMPLETED)
+            return True
+        return await self.run_tools(uses, set(), known=self.state.results)
 
     async def prepare(self) -> list[Node]:
         """The session as it is now (the claim's copy on the first call: settings can be
@@ -187,28 +249,42 @@ class TurnRunner:
             usage=usage,
             metadata=None if measured is None else {REQUEST_ESTIMATE: measured},
         )
-        async with self.step() as step:
-            [record] = await step.append(
-                reply, session_values={**counters, "last_request_at": runs.now()}
-            )
-            step.run_values.update(usage=self.run_usage, state=self.state)
-            step.report("message.completed", message_payload(record))
+
+        async def stored() -> None:
+            async with self.step() as step:
+                [record] = await step.append(
+                    reply, session_values={**counters, "last_request_at": runs.now()}
+                )
+                step.run_values.update(usage=self.run_usage, state=self.state, streaming_uuid=None)
+                step.report("message.completed", message_payload(record))
+
+        await self.durably(stored)
         for kind, value in usage.items():
             metrics.model_tokens.labels(kind).inc(value)
         self.reply.take_partial()
 
     async def store_user(self, content: list[Block], *, is_meta: bool = False) -> None:
-        async with self.step() as step:
-            [record] = await step.append(
-                self._message(content, type="user", role="user", is_meta=is_meta)
-            )
-            step.report("message.completed", message_payload(record))
+        message = self._message(content, type="user", role="user", is_meta=is_meta)
+
+        async def stored() -> None:
+            async with self.step() as step:
+                [record] = await step.append(message)
+                step.report("message.completed", message_payload(record))
+
+        await self.durably(stored)
 
     # --- tools ---------------------------------------------------------------------
 
-    async def run_tools(self, uses: list[Block], truncated: set[str]) -> bool:
-        """Run the tools of one response; True when the run pauses for client tools."""
+    async def run_tools(
+        self, uses: list[Block], truncated: set[str], known: dict[str, ToolResult] | None = None
+    ) -> bool:
+        """Run the tools of one response (but not those whose results are `known`: a
+        resumed run); True when the run pauses for client tools."""
         round_, builtins = plan_round(self._config, uses, truncated)
+        known = known or {}
+        round_.results.update(known)
+        round_.waiting = [use for use in round_.waiting if use["id"] not in known]
+        builtins = [use for use in builtins if use["id"] not in known]
         self.pending_results = round_.results
         await run_builtins(
             self.resources.db,
@@ -216,18 +292,30 @@ class TurnRunner:
             builtins,
             round_,
             self.settings.tool_result_max_chars,
+            self._record_result,
         )
         if round_.waiting:
             await self.pause(round_.waiting, round_.results)
             return True
-        async with self.step() as step:
-            [record] = await step.append(
-                self._message(round_.result_blocks(), type="user", role="user")
-            )
-            for event, data in result_events(record):
-                step.report(event, data)
+        message = self._message(round_.result_blocks(), type="user", role="user")
+        self.state.results = {}
+
+        async def stored() -> None:
+            async with self.step() as step:
+                [record] = await step.append(message)
+                step.run_values["state"] = self.state
+                for event, data in result_events(record):
+                    step.report(event, data)
+
+        await self.durably(stored)
         self.pending_results = {}
         return False
+
+    async def _record_result(self, db: AsyncSession, use_id: str, result: ToolResult) -> None:
+        """In a writing tool's own transaction: its result, so the tool's effect and the
+        record that it ran commit together (a resumed run does not apply it twice)."""
+        self.state.results = {**self.state.results, use_id: result}
+        await self.resources.events.fenced(db, self.run_id, {"state": self.state})
 
     async def pause(self, waiting: list[Block], results: dict[str, ToolResult]) -> None:
         # While paused the lease is the deadline for the client's answer (then `expired`).
@@ -237,17 +325,24 @@ class TurnRunner:
             "tool_uses": [{"id": u["id"], "name": u["name"], "input": u["input"]} for u in waiting],
         }
         self.state.results = results
-        async with self.step() as step:
-            run = await self.update_run(
-                step.db,
-                status=RunStatus.REQUIRES_ACTION,
-                required_action=required,
-                state=self.state,
-                lease_expires_at=deadline,
-                worker_id=None,
-            )
-            assert run is not None
-            step.report("run.requires_action", run_json(run))
+
+        async def stored() -> None:
+            async with self.step() as step:
+                step.log.final = True
+                run = await self.update_run(
+                    step.db,
+                    status=RunStatus.REQUIRES_ACTION,
+                    required_action=required,
+                    state=self.state,
+                    lease_expires_at=deadline,
+                    worker_id=None,
+                    streaming_uuid=None,
+                )
+                if run is None:
+                    raise LostOwnership(f"run {self.run_id} was ended elsewhere")
+                step.report("run.requires_action", run_json(run))
+
+        await self.durably(stored)
         self.pending_results = {}
 
     async def update_run(self, db: AsyncSession, **values: Any) -> Row[Any] | None:
@@ -265,7 +360,11 @@ class TurnRunner:
 
     async def finish(self, status: RunStatus, error: dict[str, Any] | None = None) -> bool:
         """Mark the run finished (unless someone else already did) and report it."""
+        return await self.durably(lambda: self._finish(status, error))
+
+    async def _finish(self, status: RunStatus, error: dict[str, Any] | None) -> bool:
         async with self.step() as step:
+            step.log.final = True
             run = await self.update_run(
                 step.db,
                 status=status,
@@ -274,6 +373,8 @@ class TurnRunner:
                 lease_expires_at=None,
                 required_action=None,
                 state=self.state,
+                streaming_uuid=None,
+                cancel_requested_at=None,
             )
             if run is not None:
                 step.report(f"run.{status}", run_json(run))
@@ -295,18 +396,20 @@ class TurnRunner:
         return True
 
     async def stop_cancelled(self, reason: str | None) -> None:
-        """Keep what was produced, answer open tool uses, end as cancelled (or as failed
-        `interrupted` when the server is shutting down). `reason` is the supervisor's:
-        `shutdown` of this process, `external` when another replica finished the run
-        meanwhile, or a client's cancel (`cancelled`, `interrupted by a newer turn`, ...)."""
-        if reason == "external":
-            return  # finished elsewhere (another replica cancelled or reaped it)
+        """Keep what was produced, answer open tool uses, end as cancelled. `reason` is
+        the supervisor's: a client's cancel (`cancelled`, `interrupted by a newer turn`, ...)
+        on this or another replica."""
         partial = self.reply.take_partial()
+        await self.durably(lambda: self._keep_partial(partial))
+        await self.finish(RunStatus.CANCELLED)
+
+    async def _keep_partial(self, partial: Partial | None) -> None:
         async with self.step() as step:
             db = step.db
             status = await runs.status_of(db, self.run_id)
             if status != RunStatus.RUNNING:
                 return
+            step.run_values["streaming_uuid"] = None
             stored: list[MessageRecord] = []
             if partial is not None and partial.content():
                 stored += await step.append(
@@ -319,27 +422,19 @@ class TurnRunner:
                         model=self._session.model,
                     )
                 )
-            placeholder = (
-                runs.INTERRUPTED_TOOL_TEXT if reason == "shutdown" else runs.CANCELLED_TOOL_TEXT
-            )
             answered = await runs.answer_open_tool_uses(
-                db, self._session.id, step.head, self.run_id, placeholder, self.pending_results
+                db,
+                self._session.id,
+                step.head,
+                self.run_id,
+                runs.CANCELLED_TOOL_TEXT,
+                self.pending_results,
             )
             if answered is not None:
                 step.head = answered.uuid
                 stored.append(answered)
             for record in stored:
                 step.report("message.completed", message_payload(record))
-        if reason == "shutdown":
-            await self.finish(
-                RunStatus.FAILED,
-                {
-                    "type": "interrupted",
-                    "message": "The server shut down during the run; post again to continue",
-                },
-            )
-        else:
-            await self.finish(RunStatus.CANCELLED)
 
 
 async def execute(
@@ -359,9 +454,36 @@ async def execute(
     if run is None or session is None or run.status != RunStatus.RUNNING:
         return None
     runner = TurnRunner(resources, run, session)
-    resources.events.open(run_id, run.last_event_seq)
+    # Ids go on after the last one stored or reserved by any owner before.
+    resources.events.open(run_id, max(run.last_event_seq, run.reserved_seq), run.epoch)
     try:
-        if run.kind == RunKind.COMPACT:
+        await _drive(runner, run, cancel_reason)
+    except LostOwnership:
+        log.info("run %s has another owner now; stopped here", run_id)
+        runner.queued_next = False
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
+        # Its lease runs out and a process that reaches the database resumes it.
+        log.warning("run %s: database unavailable too long; left to its lease", run_id)
+        runner.queued_next = False
+    finally:
+        await resources.events.close(run_id)
+    return runner
+
+
+async def _drive(
+    runner: TurnRunner, run: Run, cancel_reason: Callable[[uuid.UUID], str | None]
+) -> None:
+    resources = runner.resources
+    run_id = runner.run_id
+    try:
+        streaming = run.streaming_uuid
+        if streaming is not None:  # the owner before stopped mid-message
+            await runner.durably(lambda: runner.emit_discarded(streaming))
+        if run.cancel_requested_at is not None:
+            await runner.stop_cancelled("cancelled")
+        elif run.kind == RunKind.COMPACT:
             runner.state.compaction = await layers.run_manual(runner, run.params.instructions)
             await runner.finish(RunStatus.COMPLETED)
         else:
@@ -370,24 +492,33 @@ async def execute(
         task = asyncio.current_task()
         if task is not None:
             task.uncancel()
-        await runner.stop_cancelled(cancel_reason(run_id))
+        reason = cancel_reason(run_id)
+        if reason == HANDOVER:
+            await resources.events.hand_over(run_id)
+            runner.queued_next = False
+        elif reason == LOST:
+            raise LostOwnership(f"run {run_id} has another owner") from None
+        else:
+            await runner.stop_cancelled(reason)
+    except LostOwnership:
+        raise
     except RunFailed as exc:
         await runner.finish(RunStatus.FAILED, exc.error)
     except ModelError as exc:
-        await runner.finish(
-            RunStatus.FAILED,
-            {
-                "type": "upstream_error",
-                "message": f"The model API failed ({exc.kind}): {exc.message}",
-                **({"request_id": exc.request_id} if exc.request_id else {}),
-            },
-        )
-    except Exception:
+        await runner.finish(RunStatus.FAILED, upstream_error(exc))
+    except Exception as exc:
+        if is_transient(exc):
+            raise
         log.exception("run %s failed unexpectedly", run_id)
         await runner.finish(
             RunStatus.FAILED,
             {"type": "internal", "message": "The run failed because of an internal error"},
         )
-    finally:
-        await resources.events.close(run_id)
-    return runner
+
+
+def upstream_error(exc: ModelError) -> dict[str, Any]:
+    return {
+        "type": "upstream_error",
+        "message": f"The model API failed ({exc.kind}): {exc.message}",
+        **({"request_id": exc.request_id} if exc.request_id else {}),
+    }

@@ -74,6 +74,9 @@ class ReplyStream:
     async def call(self, body: dict[str, Any]) -> tuple[uuid.UUID, MessageDone]:
         """One whole response (retried on transient faults) and the uuid it is stored as."""
         self.partial = Partial(uuid.uuid4())
+        # Ids are reserved before any delta is sent, with the message they belong to: if
+        # this process stops, the next owner announces it as discarded.
+        await self.events.reserve(self.run_id, streaming_uuid=self.partial.uuid)
         done = await stream_with_retries(
             self.llm,
             body,
@@ -126,12 +129,12 @@ class ReplyStream:
     async def _on_failure(self, exc: ModelError) -> None:
         partial = self.partial
         assert partial is not None
-        if partial.shown:
-            await self.events.emit(
-                self.run_id, "message.discarded", {"uuid": str(partial.uuid), "reason": exc.message}
-            )
         # A retry is a new message with a uuid of its own.
         self.partial = Partial(uuid.uuid4())
+        async with self.events.step(self.run_id) as step:
+            if partial.shown:
+                step.add("message.discarded", {"uuid": str(partial.uuid), "reason": exc.message})
+            step.run_values["streaming_uuid"] = self.partial.uuid
 
     def take_partial(self) -> Partial | None:
         partial, self.partial = self.partial, None

@@ -3,7 +3,9 @@ ending a run that no task is executing (paused, queued, remote or dead), and ans
 open tool uses so the history stays valid whatever stopped the run.
 
 A run is active while `running` or `requires_action`; the database allows one active run
-per session (a unique partial index), so a claim holds across processes.
+per session (a unique partial index), so a claim holds across processes. Each claim
+(`own`) and each ending from outside (`end`) bumps the run's epoch, which fences off the
+process that owned it before (events.LostOwnership).
 """
 
 from __future__ import annotations
@@ -40,6 +42,13 @@ def now() -> datetime:
 
 def lease_deadline(seconds: float) -> datetime:
     return now() + timedelta(seconds=seconds)
+
+
+def own(run: Run, *, worker_id: str, lease_seconds: float) -> None:
+    """Make this process the run's owner under a new epoch."""
+    run.epoch = (run.epoch or 0) + 1
+    run.worker_id = worker_id
+    run.lease_expires_at = lease_deadline(lease_seconds)
 
 
 def conflict_for(run: Run) -> Conflict:
@@ -111,13 +120,14 @@ async def append_events(
 ) -> None:
     """Store events of a run that has no live channel here (being claimed, paused,
     queued, remote or dead), in the caller's transaction, after event `after` (None:
-    after the last one stored)."""
+    after the last one stored) and after any id an owner reserved (never reused)."""
     if after is None:
         stored = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id))
         after = int(stored or 0)
+    after = max(after, run.reserved_seq or 0)
     batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
     await db.execute(insert(run_events_t), event_rows(run.id, batch))
-    run.last_event_seq = batch[-1].seq
+    run.last_event_seq = run.reserved_seq = batch[-1].seq
     if notify:
         await hub.notify(db, run.id, batch[-1].seq)
 
@@ -200,8 +210,7 @@ async def claim(
     set_committed_value(session, "head_uuid", head)
     run.status = RunStatus.RUNNING
     run.started_at = now()
-    run.worker_id = worker_id
-    run.lease_expires_at = lease_deadline(lease_seconds)
+    own(run, worker_id=worker_id, lease_seconds=lease_seconds)
     db.add(run)
     try:
         await db.flush()
@@ -236,6 +245,9 @@ async def end(
     run.required_action = None
     run.finished_at = now()
     run.lease_expires_at = None
+    run.streaming_uuid = None
+    run.cancel_requested_at = None
+    run.epoch = (run.epoch or 0) + 1  # a process still executing it may not write now
     events: list[tuple[str, Any]] = []
     if answered is not None:
         events.append(("message.completed", message_payload(answered)))

@@ -4,8 +4,8 @@ lives at module level.
 
 Start-up checks the configuration against the bind address and the database, then
 starts the background loops (lease heartbeat and reaper). Shutdown stops accepting
-work, tells open streams to reconnect, and hands unfinished runs back to the lease
-mechanism so nothing a client sent is lost.
+work (readyz answers 503), tells open streams to reconnect, lets short runs end and
+hands the others over to another replica, so nothing a client sent is lost.
 """
 
 from __future__ import annotations
@@ -88,13 +88,13 @@ class Runtime:
             return False
 
     async def stop(self) -> None:
-        self.supervisor.shutting_down.set()
+        # Leases are renewed until the runs here have ended or been handed over.
+        await self.supervisor.shutdown()
         for task in self._loops:
             task.cancel()
         for task in self._loops:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await self.supervisor.shutdown()
         await self.events.stop()
         await self.resources.llm.aclose()
         await self.db.dispose()

@@ -1,10 +1,14 @@
 """The runs executing in this process: launching them, renewing their leases, reaping
 those of dead processes, starting queued turns, and stopping at shutdown.
 
-A run executes as a task in the process that claimed it and goes on when its HTTP
-client leaves. That process renews a lease on it; when a process dies, its leases expire
-and any replica's reaper fails the run (`interrupted`) and frees the session. A run left
-waiting for client tools past its deadline fails with `expired`.
+A run executes as a task in the process that owns it and goes on when its HTTP client
+leaves. The owner renews a lease on it (fenced by its epoch). When a process dies its
+leases expire and any replica's reaper takes the run over (a new epoch) and resumes it
+from what is stored; after `max_takeovers` a run fails (`interrupted`). At shutdown a
+process lets short runs end, then releases the others' leases and tells the other
+replicas, which take them over at once. A cancel posted to any replica is recorded on
+the run and sent to its owner (NOTIFY; the heartbeat sees it too). A run left waiting
+for client tools past its deadline fails with `expired`.
 """
 
 from __future__ import annotations
@@ -16,16 +20,17 @@ import uuid
 from collections.abc import Coroutine
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
 from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
-from app.engine.loop import execute
+from app.engine.loop import HANDOVER, LOST, execute
 from app.engine.resources import Resources
 from app.errors import Conflict
-from app.models import AgentSession, Run
+from app.models import AgentSession, Run, RunEvent
 
 log = logging.getLogger("parley.supervisor")
 
@@ -39,6 +44,8 @@ class Supervisor:
         self._settled: dict[uuid.UUID, asyncio.Event] = {}
         self._cancel_reasons: dict[uuid.UUID, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        resources.events.on_control = self._on_control
+        resources.events.on_lost = lambda run_id: self._stop_task(run_id, LOST)
 
     # --- executing -----------------------------------------------------------------
 
@@ -109,7 +116,83 @@ class Supervisor:
         self.launch(run, session)
         return run.id
 
+    async def take_over(self, run_id: uuid.UUID) -> bool:
+        """Resume a running run whose owner stopped (its lease expired or was released)
+        under a new epoch; fail it instead once it was taken over `max_takeovers` times."""
+        if run_id in self.tasks or self.shutting_down.is_set():
+            return False
+        async with self.resources.db.transaction() as db:
+            run = await db.scalar(
+                select(Run)
+                .where(
+                    Run.id == run_id,
+                    Run.status == RunStatus.RUNNING,
+                    Run.lease_expires_at <= runs.now(),
+                )
+                .with_for_update(skip_locked=True)
+            )
+            if run is None:
+                return False
+            session = await db.get(AgentSession, run.session_id)
+            assert session is not None
+            if run.takeovers >= self.settings.max_takeovers:
+                error = {
+                    "type": "interrupted",
+                    "message": f"The run was resumed {run.takeovers} times after the process "
+                    "running it stopped (PARLEY_MAX_TAKEOVERS); post again to continue",
+                }
+                await self._fail(db, session, run, error, runs.INTERRUPTED_TOOL_TEXT)
+                return False
+            run.takeovers += 1
+            # The next owner's ids start after any id stored or reserved before.
+            stored = await db.scalar(
+                select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id)
+            )
+            run.reserved_seq = max(run.reserved_seq, run.last_event_seq, int(stored or 0))
+            runs.own(
+                run,
+                worker_id=self.resources.worker_id,
+                lease_seconds=self.settings.run_lease_seconds,
+            )
+        log.info("taking over run %s (take-over %d)", run_id, run.takeovers)
+        self.launch(run, session)
+        return True
+
+    def _on_control(self, kind: str, run_id: uuid.UUID) -> None:
+        if kind == "cancel" and run_id in self.tasks:
+            self._stop_task(run_id, "cancelled")
+        elif kind == "released":
+            self._in_background(self.take_over(run_id))
+
+    def _stop_task(self, run_id: uuid.UUID, reason: str) -> None:
+        task = self.tasks.get(run_id)
+        if task is not None and not task.done() and run_id not in self._cancel_reasons:
+            self._cancel_reasons[run_id] = reason
+            task.cancel()
+
     # --- stopping ------------------------------------------------------------------
+
+    async def cancel(self, run: Run, reason: str) -> bool:
+        """Cancel a running run wherever it executes and wait until it has stopped (its
+        partial reply kept); False when no process owns it any more (its lease ran
+        out: the caller ends it)."""
+        if await self.cancel_local(run.id, reason):
+            return True
+        if run.lease_expires_at is None or run.lease_expires_at <= runs.now():
+            return False
+        hub = self.resources.events
+        async with self.resources.db.transaction() as db:
+            await db.execute(
+                update(Run)
+                .where(Run.id == run.id, Run.status == RunStatus.RUNNING)
+                .values(cancel_requested_at=runs.now())
+            )
+            await hub.control(db, "cancel", run.id)
+        # The owner stops within a moment; a run taken over meanwhile stops on resuming.
+        limit = self.settings.run_lease_seconds + 2 * self.settings.reaper_interval_seconds + 5
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wait_settled(run.id, poll_seconds=0.1), timeout=limit)
+        return True
 
     async def cancel_local(self, run_id: uuid.UUID, reason: str) -> bool:
         """Cancel a run executing here and wait until it has stopped (its partial reply
@@ -138,7 +221,8 @@ class Supervisor:
             await asyncio.sleep(poll_seconds)
 
     async def shutdown(self) -> None:
-        """Give running turns a moment to finish, then stop them as interrupted."""
+        """Give running turns a moment to finish, then hand the others over: their leases
+        are released and another replica resumes them at once."""
         self.shutting_down.set()
         for task in self._background:
             task.cancel()
@@ -148,15 +232,14 @@ class Supervisor:
             _done, still = await asyncio.wait(pending, timeout=grace)
             for run_id, task in list(self.tasks.items()):
                 if task in still:
-                    self._cancel_reasons[run_id] = "shutdown"
-                    task.cancel()
+                    self._stop_task(run_id, HANDOVER)
             if still:
                 await asyncio.wait(still, timeout=10)
 
     # --- leases and the reaper -----------------------------------------------------
 
     async def heartbeat_loop(self) -> None:
-        interval = self.settings.run_lease_seconds / 3
+        interval = min(self.settings.run_lease_seconds / 3, 1.0)
         while True:
             await asyncio.sleep(interval)
             try:
@@ -165,24 +248,30 @@ class Supervisor:
                 log.exception("lease heartbeat failed")
 
     async def heartbeat(self) -> None:
-        """Renew the leases of runs executing here; stop those finished elsewhere
-        (cancelled by another replica, or reaped)."""
-        local = list(self.tasks)
-        if not local:
+        """Renew the leases of runs executing here while this process still owns them
+        (same epoch); stop those owned elsewhere now, and those a replica asked to
+        cancel (the fallback for a lost notification)."""
+        channels = self.resources.events.channels
+        owned = [
+            (run_id, channels[run_id].epoch)
+            for run_id in list(self.tasks)
+            if run_id in channels and not channels[run_id].lost
+        ]
+        if not owned:
             return
         async with self.resources.db.transaction() as db:
             result = await db.execute(
                 update(Run)
-                .where(Run.id.in_(local), Run.status == RunStatus.RUNNING)
+                .where(tuple_(Run.id, Run.epoch).in_(owned), Run.status == RunStatus.RUNNING)
                 .values(lease_expires_at=runs.lease_deadline(self.settings.run_lease_seconds))
-                .returning(Run.id)
+                .returning(Run.id, Run.cancel_requested_at)
             )
-            alive = set(result.scalars())
-        for run_id in local:
-            task = self.tasks.get(run_id)
-            if run_id not in alive and task is not None and not task.done():
-                self._cancel_reasons[run_id] = "external"
-                task.cancel()
+            alive = {row[0]: row[1] for row in result}
+        for run_id, _epoch in owned:
+            if run_id not in alive:
+                self._stop_task(run_id, LOST)
+            elif alive[run_id] is not None:
+                self._stop_task(run_id, "cancelled")
 
     async def reaper_loop(self) -> None:
         while True:
@@ -193,7 +282,7 @@ class Supervisor:
             await asyncio.sleep(self.settings.reaper_interval_seconds)
 
     async def reap(self) -> None:
-        """Fail runs whose lease expired, expire unanswered client tools, and start
+        """Take over runs whose lease expired, expire unanswered client tools, and start
         queued runs of idle sessions."""
         async with self.resources.db.sessionmaker() as db:
             expired = list(
@@ -209,7 +298,7 @@ class Supervisor:
                 )
             )
         for run_id in expired:
-            if run_id not in self.tasks:
+            if run_id not in self.tasks and not await self.take_over(run_id):
                 await self._expire(run_id)
         for session_id in waiting:
             await self.start_next_queued(session_id)
@@ -221,7 +310,7 @@ class Supervisor:
                 select(Run)
                 .where(
                     Run.id == run_id,
-                    Run.status.in_(ACTIVE_RUN_STATUSES),
+                    Run.status == RunStatus.REQUIRES_ACTION,
                     Run.lease_expires_at < runs.now(),
                 )
                 .with_for_update(skip_locked=True)
@@ -230,19 +319,18 @@ class Supervisor:
                 return
             session = await db.get(AgentSession, run.session_id)
             assert session is not None
-            if run.status == RunStatus.REQUIRES_ACTION:
-                error = {"type": "expired", "message": "The client tools were not answered in time"}
-                text = runs.EXPIRED_TOOL_TEXT
-            else:
-                error = {
-                    "type": "interrupted",
-                    "message": "The process running this turn stopped; post again to continue",
-                }
-                text = runs.INTERRUPTED_TOOL_TEXT
-            answered = await runs.answer_open_tool_uses(
-                db, session.id, session.head_uuid, run.id, text, run.state.results
-            )
-            await runs.end(db, hub, run, RunStatus.FAILED, error, answered=answered)
-            log.warning("run %s failed: %s", run.id, error["type"])
-        metrics.runs_total.labels(run.kind, "failed").inc()
+            error = {"type": "expired", "message": "The client tools were not answered in time"}
+            await self._fail(db, session, run, error, runs.EXPIRED_TOOL_TEXT)
         hub.wake(run_id)
+
+    async def _fail(
+        self, db: AsyncSession, session: AgentSession, run: Run, error: dict[str, Any], text: str
+    ) -> None:
+        """End a run no process executes as failed, its open tool uses answered with
+        placeholders (`text`) unless their results are known."""
+        answered = await runs.answer_open_tool_uses(
+            db, session.id, session.head_uuid, run.id, text, run.state.results
+        )
+        await runs.end(db, self.resources.events, run, RunStatus.FAILED, error, answered=answered)
+        log.warning("run %s failed: %s", run.id, error["type"])
+        metrics.runs_total.labels(run.kind, "failed").inc()

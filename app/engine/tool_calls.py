@@ -1,8 +1,10 @@
 """Running the tool calls of one model response.
 
 Built-in tools run here against the session's workspace; consecutive read-only ones run
-concurrently, a writing tool alone and in order, each in its own transaction (its file
-changes commit on their own; the result message follows in the loop's next step).
+concurrently, a writing tool alone and in order, each in its own transaction. A writing
+tool's result is recorded on the run (`record`) in that transaction, so its effect and
+the record that it ran commit together: a resumed run does not apply it twice. The
+result message follows in the loop's next step.
 Client tools are left waiting for the client; a call to a tool the session does not
 offer, or one cut off by the output limit, is answered with an error the model can act on.
 """
@@ -11,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
 from app.context.session import SessionConfig
@@ -72,8 +77,16 @@ def plan_round(
     return round_, to_run
 
 
+Record = Callable[[AsyncSession, str, ToolResult], Awaitable[None]]
+
+
 async def run_builtins(
-    db: Database, session_id: uuid.UUID, uses: list[Block], round_: ToolRound, max_chars: int
+    db: Database,
+    session_id: uuid.UUID,
+    uses: list[Block],
+    round_: ToolRound,
+    max_chars: int,
+    record: Record | None = None,
 ) -> None:
     """Consecutive read-only tools run concurrently; a writing tool runs alone, in order."""
     batch: list[Block] = []
@@ -88,13 +101,18 @@ async def run_builtins(
             round_.results.update(zip((u["id"] for u in batch), outcomes, strict=True))
             batch = []
         if use is not None:
-            round_.results[use["id"]] = await _run_one(db, session_id, use, max_chars)
+            round_.results[use["id"]] = await _run_one(db, session_id, use, max_chars, record)
 
 
-async def _run_one(db: Database, session_id: uuid.UUID, use: Block, max_chars: int) -> ToolResult:
+async def _run_one(
+    db: Database, session_id: uuid.UUID, use: Block, max_chars: int, record: Record | None = None
+) -> ToolResult:
     async with db.transaction() as tx:
         outcome = await run_builtin(use["name"], use["input"], DbWorkspace(tx, session_id))
+        result = ToolResult(
+            content=truncate_middle(outcome.content, max_chars), is_error=outcome.is_error
+        )
+        if record is not None and use["name"] not in READ_ONLY_TOOLS:
+            await record(tx, use["id"], result)
     metrics.tool_calls.labels(use["name"], str(outcome.is_error).lower()).inc()
-    return ToolResult(
-        content=truncate_middle(outcome.content, max_chars), is_error=outcome.is_error
-    )
+    return result

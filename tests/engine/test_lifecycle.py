@@ -87,27 +87,6 @@ async def test_cancel_after_a_tool_use_answers_it(h: Harness, model: ScriptedMod
     await h.next_request(session.id)
 
 
-async def test_shutdown_mid_stream_fails_the_run_as_interrupted(
-    make_harness: MakeHarness, model: ScriptedModel
-) -> None:
-    h = make_harness(model, shutdown_grace_seconds=0)
-    gate = held(reply("Looking.", tool_use("Glob", {"pattern": "*"}, id="toolu_open")), after=-1)
-    model.script(gate)
-    session = await h.new_session(builtin_tools=["Glob"])
-    run = await h.start(session.id, "go")
-    await reached(gate)
-    await h.supervisor.shutdown()
-
-    out = await h.outcome(run.id)
-    assert out.run.status == RunStatus.FAILED
-    assert out.run.error["type"] == "interrupted"
-    assert out.names[-1] == "run.failed"
-    *_, partial, answer = await h.chain(session.id)
-    assert partial.subtype == "interrupted"
-    assert answer.content[0]["content"] == runs.INTERRUPTED_TOOL_TEXT
-    await h.next_request(session.id)
-
-
 async def test_busy_session_rejects_enqueues_and_interrupts(
     h: Harness, model: ScriptedModel
 ) -> None:

@@ -51,32 +51,63 @@ async def test_cancel_requires_action_answers_open_tools(
         await assert_next_request_valid(client, sid)
 
 
-async def test_run_of_a_dead_process_is_reaped(live: LiveServer, engine: AsyncEngine) -> None:
-    """A run whose lease expired (its process died) fails and frees the session; its
-    stream ends with the next id after the stored prefix."""
+async def _dead_run(engine: AsyncEngine, sid: str, **values: object) -> uuid.UUID:
+    """A running run left by a dead process (lease expired) with a stored prefix of events;
+    its owner was streaming a message that was never stored."""
+    run_id = uuid.uuid4()
+    async with AsyncSession(engine) as db:
+        run = Run(
+            id=run_id,
+            session_id=uuid.UUID(sid),
+            kind="turn",
+            status="running",
+            worker_id="dead-host:1",
+            params={},
+            state={},
+            usage={},
+            epoch=1,
+            last_event_seq=2,
+            reserved_seq=9,
+            streaming_uuid=uuid.uuid4(),
+            lease_expires_at=datetime.now(UTC) - timedelta(seconds=1),
+            **values,
+        )
+        db.add(run)
+        await db.flush()
+        db.add(RunEvent(run_id=run.id, seq=1, event="run.started", data="{}"))
+        db.add(RunEvent(run_id=run.id, seq=2, event="text.delta", data='{"text":"hi"}'))
+        await db.commit()
+    return run_id
+
+
+async def test_run_of_a_dead_process_is_resumed(live: LiveServer, engine: AsyncEngine) -> None:
+    """A run whose lease expired (its process died) is taken over and completes; the new
+    owner's ids start after the reserved block, and it withdraws the cut-off message."""
     async with live.client() as client:
         sid = await new_session(client)
-        run_id = uuid.uuid4()
-        async with AsyncSession(engine) as db:
-            run = Run(
-                id=run_id,
-                session_id=uuid.UUID(sid),
-                kind="turn",
-                status="running",
-                worker_id="dead-host:1",
-                params={},
-                state={},
-                usage={},
-                lease_expires_at=datetime.now(UTC) - timedelta(seconds=1),
-            )
-            db.add(run)
-            await db.flush()
-            db.add(RunEvent(run_id=run.id, seq=1, event="run.started", data="{}"))
-            db.add(RunEvent(run_id=run.id, seq=2, event="text.delta", data='{"text":"hi"}'))
-            await db.commit()
+        run_id = await _dead_run(engine, sid)
+        events = await stream(client, "GET", f"/sessions/{sid}/runs/{run_id}/events")
+        assert names(events)[:3] == ["run.started", "text.delta", "message.discarded"]
+        assert names(events)[-1] == "run.completed"
+        ids = [int(e.id) for e in events]
+        assert ids[:3] == [1, 2, 10]  # 3..9 were reserved by the dead owner: never reused
+        assert_gap_free(events[2:], start=10)
+        replay = await stream(
+            client, "GET", f"/sessions/{sid}/runs/{run_id}/events", headers={"Last-Event-ID": "5"}
+        )
+        assert [e.id for e in replay] == [e.id for e in events[2:]]  # from the next stored id
+        run = (await client.get(f"/sessions/{sid}/runs/{run_id}")).json()
+        assert run["status"] == "completed"
+
+
+async def test_run_taken_over_too_often_fails(live: LiveServer, engine: AsyncEngine) -> None:
+    """Past max_takeovers a dead process's run fails and frees the session."""
+    async with live.client() as client:
+        sid = await new_session(client)
+        run_id = await _dead_run(engine, sid, takeovers=live.runtime.settings.max_takeovers)
         events = await stream(client, "GET", f"/sessions/{sid}/runs/{run_id}/events")
         assert names(events) == ["run.started", "text.delta", "run.failed"]
-        assert_gap_free(events)
+        assert events[-1].id == "10"
         assert events[-1].json["error"]["type"] == "interrupted"
         reply = await client.post(f"/sessions/{sid}/messages", json={"content": "again"})
         assert reply.json()["run"]["status"] == "completed"
