@@ -105,6 +105,7 @@ class RunChannel:
     flush_timer: asyncio.TimerHandle | None = None
     reserving: asyncio.Task[None] | None = None
     lost: bool = False
+    flush_failing: bool = False  # logged once per outage
 
     def take_seq(self, event: str, data: Any) -> StoredEvent:
         stored = StoredEvent(self.next_seq, event, dumps(data))
@@ -286,8 +287,11 @@ class EventHub:
                 self._lose(channel)
                 return
             except Exception as exc:  # kept: the next flush or step writes them
-                log.warning("could not store events of run %s: %s", channel.run_id, exc)
+                level = logging.DEBUG if channel.flush_failing else logging.WARNING
+                log.log(level, "could not store events of run %s: %s", channel.run_id, exc)
+                channel.flush_failing = True
                 return
+            channel.flush_failing = False
             # Dropped only after the commit: a follower finds each event in one place or
             # the other.
             del channel.unwritten[: len(batch)]

@@ -24,6 +24,7 @@ from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.db import is_transient
 from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
@@ -33,6 +34,14 @@ from app.errors import Conflict
 from app.models import AgentSession, Run, RunEvent
 
 log = logging.getLogger("parley.supervisor")
+
+
+def log_failure(what: str, exc: Exception) -> None:
+    """A database outage is expected (one line; the loops go on); anything else is a bug."""
+    if is_transient(exc):
+        log.warning("%s: database unavailable (%s)", what, exc)
+    else:
+        log.exception("%s failed", what)
 
 
 class Supervisor:
@@ -244,8 +253,8 @@ class Supervisor:
             await asyncio.sleep(interval)
             try:
                 await self.heartbeat()
-            except Exception:
-                log.exception("lease heartbeat failed")
+            except Exception as exc:
+                log_failure("lease heartbeat", exc)
 
     async def heartbeat(self) -> None:
         """Renew the leases of runs executing here while this process still owns them
@@ -277,8 +286,8 @@ class Supervisor:
         while True:
             try:
                 await self.reap()
-            except Exception:
-                log.exception("reaper failed")
+            except Exception as exc:
+                log_failure("reaper", exc)
             await asyncio.sleep(self.settings.reaper_interval_seconds)
 
     async def reap(self) -> None:
