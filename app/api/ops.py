@@ -26,7 +26,7 @@ async def healthz() -> Health:
 
 @router.get(
     "/readyz",
-    responses={503: {"description": "Database unreachable or not migrated to head"}},
+    responses={503: {"description": "Database unreachable or not migrated, or shutting down"}},
     summary="Check readiness",
 )
 async def readyz(runtime: RuntimeDep) -> Response:
