@@ -1,18 +1,23 @@
 """Runs that outlive their process, below HTTP: two harnesses on one database stand for
 two processes. A shutdown hands a run over and the other resumes it from what is stored;
 a process whose epoch was superseded writes nothing more; a workspace tool whose result
-was recorded with its effect does not run again on resume."""
+was recorded with its effect does not run again on resume; the LISTEN connection comes
+back after the database cut it."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import uuid
 
-from sqlalchemy import update
+from sqlalchemy import text, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.conversation import store
+from app.db import Database
 from app.domain import RunStatus, ToolResult
 from app.engine import runs
+from app.engine.events import NOTIFY_CHANNEL, EventHub
 from app.engine.loop import DISCARDED_ON_RESUME
 from app.models import Run
 from tests.engine.conftest import MakeHarness
@@ -129,3 +134,35 @@ async def test_a_recorded_workspace_tool_is_not_applied_again_on_resume(
     by_id = {b["tool_use_id"]: b for b in new_results.content}
     assert by_id["toolu_w"]["content"] == "recorded"
     assert "changed since" in str(by_id["toolu_r"]["content"])  # Read ran again
+
+
+async def test_the_listen_connection_comes_back_after_it_is_cut(engine: AsyncEngine) -> None:
+    """When the database drops the LISTEN connection (a restart), the hub listens again
+    and followers hear of other processes' events again."""
+    hub = EventHub(Database(engine), 0.01)
+    dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    await hub.start_listener(dsn)
+    try:
+        first = hub._listener.get_server_pid()
+        async with engine.connect() as conn:
+            await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": first})
+            await conn.commit()
+
+        for _ in range(200):  # up to 10 s
+            if hub._listener is not None and hub._listener.get_server_pid() != first:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the hub did not listen again")
+        run_id = uuid.uuid4()
+        woken = asyncio.Event()
+        hub._wakeups[run_id] = {woken}
+        async with engine.connect() as conn:
+            await conn.execute(
+                text("SELECT pg_notify(:channel, :payload)"),
+                {"channel": NOTIFY_CHANNEL, "payload": f"{run_id}:1"},
+            )
+            await conn.commit()
+        await asyncio.wait_for(woken.wait(), timeout=10)
+    finally:
+        await hub.stop()
