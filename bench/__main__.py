@@ -10,6 +10,7 @@ BENCHMARKS: dict[str, str] = {
     "turns": "Parley's added latency and per-turn time vs a bare proxy; prompt cache share",
     "compaction": "Micro savings, post-compaction size, turn and compaction time, cache share",
     "token_estimates": "The token estimator against real usage in Claude Code transcripts",
+    "durability": "Time to resume a run after kill -9 of its owner; hand-over on SIGTERM",
 }
 
 
