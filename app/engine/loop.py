@@ -87,7 +87,12 @@ class TurnRunner:
         self.queued_next = True  # until `finish` has looked
         self.resumed = bool(run.takeovers)  # taken over from a process that stopped
         self.reply = ReplyStream(
-            resources.llm, resources.events, run.id, resources.retry, self._count_call
+            resources.llm,
+            resources.events,
+            run.id,
+            resources.retry,
+            self._count_call,
+            self.durably,
         )
 
     # --- what compaction sees (RunHandle) -------------------------------------------

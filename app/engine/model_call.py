@@ -9,7 +9,7 @@ so a cancel can store it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,20 +63,23 @@ class ReplyStream:
         run_id: uuid.UUID,
         retry: RetryPolicy,
         on_attempt: Callable[[], None],
+        durably: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
     ) -> None:
         self.llm = llm
         self.events = events
         self.run_id = run_id
         self.retry = retry
         self.on_attempt = on_attempt
+        # How its writes ride out a database outage (the run's retry policy).
+        self.durably = durably or (lambda work: work())
         self.partial: Partial | None = None
 
     async def call(self, body: dict[str, Any]) -> tuple[uuid.UUID, MessageDone]:
         """One whole response (retried on transient faults) and the uuid it is stored as."""
-        self.partial = Partial(uuid.uuid4())
+        partial = self.partial = Partial(uuid.uuid4())
         # Ids are reserved before any delta is sent, with the message they belong to: if
         # this process stops, the next owner announces it as discarded.
-        await self.events.reserve(self.run_id, streaming_uuid=self.partial.uuid)
+        await self.durably(lambda: self.events.reserve(self.run_id, streaming_uuid=partial.uuid))
         done = await stream_with_retries(
             self.llm,
             body,
@@ -130,11 +133,16 @@ class ReplyStream:
         partial = self.partial
         assert partial is not None
         # A retry is a new message with a uuid of its own.
-        self.partial = Partial(uuid.uuid4())
-        async with self.events.step(self.run_id) as step:
-            if partial.shown:
-                step.add("message.discarded", {"uuid": str(partial.uuid), "reason": exc.message})
-            step.run_values["streaming_uuid"] = self.partial.uuid
+        retry = self.partial = Partial(uuid.uuid4())
+
+        async def withdrawn() -> None:
+            async with self.events.step(self.run_id) as step:
+                if partial.shown:
+                    data = {"uuid": str(partial.uuid), "reason": exc.message}
+                    step.add("message.discarded", data)
+                step.run_values["streaming_uuid"] = retry.uuid
+
+        await self.durably(withdrawn)
 
     def take_partial(self) -> Partial | None:
         partial, self.partial = self.partial, None

@@ -93,6 +93,11 @@ async def test_a_superseded_owner_writes_nothing(make_harness: MakeHarness) -> N
     assert len(await h.chain(session.id)) == messages
     after = await h.events(run.id)
     assert [e.seq for e in after] == [e.seq for e in stored]
+    # Leave nothing for another test's reaper to take over.
+    async with h.db.transaction() as db:
+        await db.execute(
+            update(Run).where(Run.id == run.id).values(status="failed", lease_expires_at=None)
+        )
 
 
 async def test_a_recorded_workspace_tool_is_not_applied_again_on_resume(
