@@ -33,7 +33,7 @@ from app.engine import runs
 from app.engine.resources import Resources
 from app.engine.supervisor import Supervisor
 from app.engine.tools.builtin import truncate_middle
-from app.errors import Conflict, Invalid
+from app.errors import Conflict, Invalid, Unavailable
 from app.models import AgentSession, Run
 from app.schemas import ToolResultsIn
 
@@ -48,6 +48,8 @@ class Admission:
         self.supervisor = supervisor
 
     def _launch_after_commit(self, db: AsyncSession, run: Run, session: AgentSession) -> None:
+        if self.supervisor.shutting_down.is_set():  # draining: nothing is stored (503)
+            raise Unavailable("The server is shutting down; post again to another replica")
         if run.status == RunStatus.RUNNING:
             after_commit(db, lambda: self.supervisor.launch(run, session))
 

@@ -2,7 +2,7 @@
 two processes. A shutdown hands a run over and the other resumes it from what is stored;
 a process whose epoch was superseded writes nothing more; a workspace tool whose result
 was recorded with its effect does not run again on resume; the LISTEN connection comes
-back after the database cut it."""
+back after the database cut it; a draining process takes no new turn."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import uuid
 
+import pytest
 from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -19,6 +20,7 @@ from app.domain import RunStatus, ToolResult
 from app.engine import runs
 from app.engine.events import NOTIFY_CHANNEL, EventHub
 from app.engine.loop import DISCARDED_ON_RESUME
+from app.errors import Unavailable
 from app.models import Run
 from tests.engine.conftest import MakeHarness
 from tests.engine.scripted import Gate, ScriptedModel, held, reply, tool_use
@@ -171,3 +173,14 @@ async def test_the_listen_connection_comes_back_after_it_is_cut(engine: AsyncEng
         await asyncio.wait_for(woken.wait(), timeout=10)
     finally:
         await hub.stop()
+
+
+async def test_a_draining_process_takes_no_turn(make_harness: MakeHarness) -> None:
+    """After SIGTERM a process stores no new turn (503): the client posts to another."""
+    h = make_harness(ScriptedModel())
+    session = await h.new_session()
+    h.supervisor.shutting_down.set()
+    with pytest.raises(Unavailable):
+        await h.start(session.id, "go")
+    assert await h.chain(session.id) == []
+    assert await h.active_run(session.id) is None
