@@ -253,9 +253,12 @@ class EventHub:
         if channel is None or channel.lost:
             return
         async with channel.lock, self.db.transaction() as db:
-            values: dict[str, Any] = {"lease_expires_at": datetime.now(UTC), "worker_id": None}
-            if channel.unwritten:
-                values["reserved_seq"] = channel.unwritten[-1].seq
+            # Every id taken so far is stored after this: the next owner starts right after.
+            values: dict[str, Any] = {
+                "lease_expires_at": datetime.now(UTC),
+                "worker_id": None,
+                "reserved_seq": channel.next_seq - 1,
+            }
             await self._write(db, channel, list(channel.unwritten), values)
             await self.control(db, "released", run_id)
             channel.lost = True  # no write of this process after this
