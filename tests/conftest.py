@@ -47,6 +47,13 @@ def server_url() -> str:
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh database for this test run, dropped afterwards."""
+    with fresh_database() as url:
+        yield url
+
+
+@contextlib.contextmanager
+def fresh_database() -> Iterator[str]:
+    """A new database on the test server (its URL), dropped afterwards."""
     admin = make_url(server_url())
     name = f"parley_test_{uuid.uuid4().hex[:10]}"
 

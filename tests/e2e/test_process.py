@@ -114,7 +114,7 @@ async def test_two_processes_share_runs_events_and_leases(
     )
     try:
         async with service.client() as a, other.client() as b:
-            fake_process.control("POST", "config", {"chunk_delay": 0.02, "text_chunk_chars": 4})
+            fake_process.control("POST", "config", {"chunk_delay": 0.1, "text_chunk_chars": 4})
             fake_process.script(items.message("streamed by process A, followed from process B"))
             sid = (await a.post("/sessions", json={})).json()["id"]
             run = (
