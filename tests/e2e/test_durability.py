@@ -26,7 +26,7 @@ from tests.runs.helpers import Event, names, stream
 pytestmark = pytest.mark.e2e
 
 SEED = 20261201
-KILLED_RUNS = 8  # streaming when their owner is killed at seeded points (the issue says 20)
+KILLED_RUNS = 20  # streaming (most of them) when their owner is killed at a seeded point
 HANDED_OVER_RUNS = 6
 REPLICA_ENV = {
     "PARLEY_RUN_LEASE_SECONDS": "2",
@@ -66,7 +66,7 @@ def replicas(database_url: str, fake_process: Fake) -> Iterator[Replicas]:
 @pytest.fixture
 def slow_stream(fake_process: Fake) -> Iterator[None]:
     fake_process.control("POST", "reset")
-    fake_process.control("POST", "config", {"chunk_delay": 0.04, "text_chunk_chars": 3})
+    fake_process.control("POST", "config", {"chunk_delay": 0.04, "text_chunk_chars": 2})
     yield
     fake_process.control("POST", "config", {"chunk_delay": 0, "text_chunk_chars": 16})
 
@@ -119,16 +119,20 @@ def final_text(events: list[Event]) -> str:
 async def post_runs(
     client: httpx.AsyncClient, prompts: list[str], rng: random.Random
 ) -> list[tuple[str, str]]:
-    runs = []
-    for prompt in prompts:
+    """Post the turns at once, each after a seeded pause (so a fault lands at a different
+    point of each); their (session, run) ids."""
+
+    async def post(prompt: str, pause: float) -> tuple[str, str]:
+        await asyncio.sleep(pause)
         sid = (await client.post("/sessions", json={})).json()["id"]
         posted = await client.post(
             f"/sessions/{sid}/messages", json={"content": prompt, "background": True}
         )
         assert posted.status_code == 202, posted.text
-        runs.append((sid, posted.json()["id"]))
-        await asyncio.sleep(rng.uniform(0, 0.25))  # the kill lands at a different point
-    return runs
+        return sid, posted.json()["id"]
+
+    pauses = [rng.uniform(0, 0.4) for _ in prompts]
+    return list(await asyncio.gather(*(post(p, d) for p, d in zip(prompts, pauses, strict=True))))
 
 
 async def check_resumed(
@@ -162,8 +166,9 @@ async def test_kill_9_of_the_owner_resumes_every_run(replicas: Replicas, slow_st
         rest = await follow(s, *runs[-1], last=seen[-1].id if seen else None)
         check_client_view(seen + rest, "run.completed")
         await check_resumed(s, runs, prompts, followed)
-        # The kill cut replies mid-stream (the resumed runs withdrew and made them again).
-        assert any("message.discarded" in names(events) for events in followed)
+        # The kill cut most replies mid-stream (resumed, they withdrew and made them again).
+        cut_off = sum("message.discarded" in names(events) for events in followed)
+        assert cut_off >= len(runs) // 2
 
 
 async def test_sigterm_hands_runs_over_to_the_other_replica(
@@ -191,7 +196,8 @@ async def test_sigterm_hands_runs_over_to_the_other_replica(
         check_client_view(kept + rest, "run.completed")
         await check_resumed(s, runs, prompts, followed)
         # Handed over mid-reply (those posted last, at least): the reply was made again.
-        assert any("message.discarded" in names(events) for events in followed)
+        cut_off = sum("message.discarded" in names(events) for events in followed)
+        assert cut_off >= len(runs) // 2
 
 
 async def test_database_outage_across_a_step_keeps_the_reply(fake_process: Fake) -> None:
