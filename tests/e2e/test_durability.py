@@ -27,7 +27,7 @@ pytestmark = pytest.mark.e2e
 
 SEED = 20261201
 KILLED_RUNS = 20  # streaming (most of them) when their owner is killed at a seeded point
-HANDED_OVER_RUNS = 6
+HANDED_OVER_RUNS = 10  # per round, two rounds
 REPLICA_ENV = {
     "PARLEY_RUN_LEASE_SECONDS": "2",
     "PARLEY_REAPER_INTERVAL_SECONDS": "0.3",
@@ -174,30 +174,31 @@ async def test_kill_9_of_the_owner_resumes_every_run(replicas: Replicas, slow_st
 async def test_sigterm_hands_runs_over_to_the_other_replica(
     replicas: Replicas, slow_stream: None
 ) -> None:
-    """A deploy: the owner of streaming turns gets SIGTERM; the other replica resumes
-    them at once and every turn completes."""
+    """A rolling restart: each replica in turn gets SIGTERM while it streams turns; the
+    other resumes them at once and every turn completes."""
     rng = random.Random(SEED + 1)
-    leaving, staying = replicas.two()
-    prompts = [f"deploy turn {i} " + "words " * 12 for i in range(HANDED_OVER_RUNS)]
-    async with leaving.client() as o, staying.client() as s:
-        runs = await post_runs(o, prompts, rng)
-        followers = [asyncio.create_task(follow(s, sid, rid)) for sid, rid in runs]
-        told = asyncio.create_task(follow_until_cut(o, *runs[-1]))
-        await asyncio.sleep(0.3)
-        leaving.signal(signal.SIGTERM)
-        followed = await asyncio.wait_for(asyncio.gather(*followers), timeout=60)
-        seen = await asyncio.wait_for(told, timeout=30)
-        leaving.wait()
-        # A follower on the leaving replica is told to reconnect (no id), and does.
-        assert seen[-1].event == "error"
-        assert seen[-1].json["type"] == "unavailable"
-        kept = [e for e in seen if e.id]
-        rest = await follow(s, *runs[-1], last=kept[-1].id if kept else None)
-        check_client_view(kept + rest, "run.completed")
-        await check_resumed(s, runs, prompts, followed)
-        # Handed over mid-reply (those posted last, at least): the reply was made again.
-        cut_off = sum("message.discarded" in names(events) for events in followed)
-        assert cut_off >= len(runs) // 2
+    for round_ in range(2):
+        leaving, staying = replicas.two()  # the one stopped before is replaced
+        prompts = [f"deploy {round_} turn {i} " + "words " * 12 for i in range(HANDED_OVER_RUNS)]
+        async with leaving.client() as o, staying.client() as s:
+            runs = await post_runs(o, prompts, rng)
+            followers = [asyncio.create_task(follow(s, sid, rid)) for sid, rid in runs]
+            told = asyncio.create_task(follow_until_cut(o, *runs[-1]))
+            await asyncio.sleep(0.3)
+            leaving.signal(signal.SIGTERM)
+            followed = await asyncio.wait_for(asyncio.gather(*followers), timeout=60)
+            seen = await asyncio.wait_for(told, timeout=30)
+            leaving.wait()
+            # A follower on the leaving replica is told to reconnect (no id), and does.
+            assert seen[-1].event == "error"
+            assert seen[-1].json["type"] == "unavailable"
+            kept = [e for e in seen if e.id]
+            rest = await follow(s, *runs[-1], last=kept[-1].id if kept else None)
+            check_client_view(kept + rest, "run.completed")
+            await check_resumed(s, runs, prompts, followed)
+            # Handed over mid-reply (most of them): the reply was made again.
+            cut_off = sum("message.discarded" in names(events) for events in followed)
+            assert cut_off >= len(runs) // 2
 
 
 async def test_database_outage_across_a_step_keeps_the_reply(fake_process: Fake) -> None:
