@@ -400,10 +400,9 @@ class TurnRunner:
         metrics.runs_total.labels(self.kind, status).inc()
         return True
 
-    async def stop_cancelled(self, reason: str | None) -> None:
-        """Keep what was produced, answer open tool uses, end as cancelled. `reason` is
-        the supervisor's: a client's cancel (`cancelled`, `interrupted by a newer turn`, ...)
-        on this or another replica."""
+    async def stop_cancelled(self) -> None:
+        """A client's cancel (on this or another replica): keep what was produced, answer
+        open tool uses, end as cancelled."""
         partial = self.reply.take_partial()
         await self.durably(lambda: self._keep_partial(partial))
         await self.finish(RunStatus.CANCELLED)
@@ -487,7 +486,7 @@ async def _drive(
         if streaming is not None:  # the owner before stopped mid-message
             await runner.durably(lambda: runner.emit_discarded(streaming))
         if run.cancel_requested_at is not None:
-            await runner.stop_cancelled("cancelled")
+            await runner.stop_cancelled()
         elif run.kind == RunKind.COMPACT:
             runner.state.compaction = await layers.run_manual(runner, run.params.instructions)
             await runner.finish(RunStatus.COMPLETED)
@@ -504,7 +503,7 @@ async def _drive(
         elif reason == LOST:
             raise LostOwnership(f"run {run_id} has another owner") from None
         else:
-            await runner.stop_cancelled(reason)
+            await runner.stop_cancelled()
     except LostOwnership:
         raise
     except RunFailed as exc:
