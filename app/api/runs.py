@@ -115,7 +115,8 @@ async def run_events(
 ) -> Response:
     """The run's events as Server-Sent Events: the stored ones after `Last-Event-ID` (or the
     `after` query parameter), byte for byte as first sent, then live ones until the run
-    settles. Event ids are gap-free per run, so a client that reconnects misses nothing."""
+    settles. Event ids grow and are never reused, so a client that reconnects (to any
+    replica) misses nothing stored."""
     await runs.load(db, session.id, run_id)
     start = after or 0
     if last_event_id is not None:

@@ -1,4 +1,4 @@
-"""The run event log: a gap-free sequence per run, stored as the exact text sent, replayed
+"""The run event log: a growing sequence per run, stored as the exact text sent, replayed
 from the store and then followed live (invariant 7).
 
 A run executing in this process has a channel. Deltas (`emit_nowait`) are published at

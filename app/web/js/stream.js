@@ -4,8 +4,9 @@
 // submitted tool results). When it breaks (a network error, the browser going offline,
 // no bytes for IDLE_MS, the service shutting down) the run goes on on the server; this
 // reconnects to GET /runs/{id}/events with `Last-Event-ID` set to the last event
-// applied. Event ids are gap-free per run, so every event is applied exactly once, in
-// order: ids at or below the last one (a replay overlapping what was seen) are skipped.
+// applied. Event ids only grow and are never reused (they may jump when another
+// process resumed the run), so every event is applied exactly once, in order: ids at or
+// below the last one (a replay overlapping what was seen) are skipped.
 
 import { ApiError, headers, problemOf, sseEvents } from "./api.js";
 
