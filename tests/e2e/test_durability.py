@@ -78,10 +78,12 @@ async def follow(
     return await stream(client, "GET", f"/sessions/{sid}/runs/{run_id}/events", headers=headers)
 
 
-async def follow_until_cut(client: httpx.AsyncClient, sid: str, run_id: str) -> list[Event]:
-    """Follow on a process that is going away: what arrived before the stream was cut
+async def follow_until_cut(
+    client: httpx.AsyncClient, sid: str, run_id: str, seen: list[Event] | None = None
+) -> list[Event]:
+    """Follow a run, adding to `seen` as events arrive, until its stream ends or is cut
     (by a crash, or by the server telling us to reconnect)."""
-    seen: list[Event] = []
+    seen = [] if seen is None else seen
     with contextlib.suppress(httpx.HTTPError):
         async with client.stream("GET", f"/sessions/{sid}/runs/{run_id}/events") as response:
             event: dict[str, str] = {}
@@ -94,6 +96,14 @@ async def follow_until_cut(client: httpx.AsyncClient, sid: str, run_id: str) -> 
                     key, _, value = line.partition(": ")
                     event[key] = value
     return seen
+
+
+async def until_deltas(seen: list[Event], count: int) -> None:
+    for _ in range(600):  # up to 30 s
+        if sum(e.event == "text.delta" for e in seen) >= count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the reply did not stream")
 
 
 def check_client_view(seen: list[Event], terminal: str) -> None:
@@ -216,12 +226,13 @@ async def test_database_outage_across_a_step_keeps_the_reply(fake_process: Fake)
             run = (
                 await c.post(f"/sessions/{sid}/messages", json={"content": "x", "background": True})
             ).json()
-            follower = asyncio.create_task(follow(c, sid, run["id"]))
-            await asyncio.sleep(0.5)  # the reply is streaming
+            seen: list[Event] = []
+            follower = asyncio.create_task(follow_until_cut(c, sid, run["id"], seen))
+            await until_deltas(seen, 3)  # the reply is streaming
             cluster.stop()
-            await asyncio.sleep(3.5)  # the reply ends; storing it fails and is retried
+            await asyncio.sleep(3)  # the reply ends (in ~2 s); storing it fails and is retried
             cluster.start()
-            seen = await asyncio.wait_for(follower, timeout=60)
+            await asyncio.wait_for(follower, timeout=60)
             check_client_view(seen, "run.completed")
             assert final_text(seen) == reply
             stored = await follow(c, sid, run["id"])
