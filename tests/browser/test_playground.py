@@ -207,11 +207,11 @@ async def test_sessions_search_rename_fork_and_delete(playground: Playground) ->
     await ui.page.get_by_role("button", name="Rename").click()
     await ui.page.get_by_label("Session title").fill("Alpha, renamed")
     await ui.page.get_by_role("button", name="Save title").click()
-    await expect(ui.page.get_by_role("heading", name="Alpha, renamed")).to_be_visible()
+    await expect(ui.title).to_have_text("Alpha, renamed")
     await expect(sessions.get_by_role("button", name="Alpha, renamed")).to_be_visible()
 
     await ui.page.get_by_role("button", name="Fork", exact=True).click()
-    await expect(ui.page.get_by_role("heading", name="Fork of Alpha, renamed")).to_be_visible()
+    await expect(ui.title).to_have_text("Fork of Alpha, renamed")
     await expect(ui.messages()).to_have_count(2)
     await expect(ui.messages("You").first).to_contain_text("remember alpha")
     await ui.shot("forked")
@@ -353,7 +353,7 @@ async def test_a_reload_picks_up_the_running_reply(playground: Playground) -> No
     await ui.box.press("Enter")
     await expect(ui.log.locator("article[aria-busy=true]")).to_contain_text("sentence 5.")
     await ui.page.reload()  # the API key and the session come back from the tab's storage
-    await expect(ui.page.get_by_role("heading", name="Reload", exact=True)).to_be_visible()
+    await expect(ui.title).to_have_text("Reload")
     await expect(ui.log.locator("article[aria-busy=true]")).to_be_visible()
     await ui.shot("reloaded")
     await expect(ui.status).to_have_text("Reply complete")
