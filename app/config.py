@@ -96,8 +96,8 @@ class Settings(BaseSettings):
     tool_result_max_chars: int = Field(default=50_000, ge=1000)
     event_flush_seconds: float = Field(default=0.05, ge=0)
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
-    # Messages of recently used sessions' views kept in memory (0: none).
-    view_cache_messages: int = Field(default=100_000, ge=0)
+    # Bytes of recently used sessions' views kept in memory (0: none).
+    view_cache_bytes: int = Field(default=256 * 2**20, ge=0)
 
     # Compaction defaults (a session's `compaction` object overrides them)
     compaction_auto: bool = True
