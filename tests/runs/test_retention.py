@@ -20,12 +20,13 @@ from tests.runs.helpers import messages, new_session, post_stream, stream
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def prune(database_url: str, days: str) -> subprocess.CompletedProcess[str]:
+def prune(database_url: str, days: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The command as an operator runs it (away from the repository's .env)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PARLEY_")}
-    env["DATABASE_URL"] = database_url
+    env.update(DATABASE_URL=database_url, PYTHONPATH=str(ROOT))
     return subprocess.run(
         [sys.executable, "-m", "app", "prune-events", "--older-than-days", days],
-        cwd=ROOT,
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -48,7 +49,7 @@ async def event_counts(engine: AsyncEngine, run_ids: list[str]) -> list[int]:
 
 
 async def test_prune_events_keeps_messages_and_recent_runs(
-    live: LiveServer, engine: AsyncEngine, database_url: str
+    live: LiveServer, engine: AsyncEngine, database_url: str, tmp_path: Path
 ) -> None:
     async with live.client() as client:
         sid = await new_session(client)
@@ -74,7 +75,7 @@ async def test_prune_events_keeps_messages_and_recent_runs(
         counts = await event_counts(engine, run_ids)
         assert all(n > 0 for n in counts)
 
-        result = prune(database_url, "30")
+        result = prune(database_url, "30", tmp_path)
         assert result.returncode == 0, result.stderr
         assert (
             result.stdout.strip()
@@ -87,7 +88,7 @@ async def test_prune_events_keeps_messages_and_recent_runs(
         # Its stream now replays nothing and ends at once.
         assert await stream(client, "GET", f"/sessions/{sid}/runs/{old}/events") == []
 
-        again = prune(database_url, "30")
+        again = prune(database_url, "30", tmp_path)
         assert again.stdout.strip() == "deleted 0 events of 0 runs finished over 30 days ago"
         async with engine.begin() as conn:  # leave the session idle for other tests
             await conn.execute(
