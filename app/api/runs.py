@@ -18,7 +18,12 @@ from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnR
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+# 1 to 255 visible ASCII characters (RFC 9110 VCHAR); anything else is a 422 naming the
+# header, never a key stored as sent.
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
+]
 TURN_RESPONSES = {
     **SSE_RESPONSES,
     200: {**SSE_RESPONSES[200], "model": TurnResult},

@@ -82,6 +82,11 @@ class Admission:
     ) -> Run:
         """The run of a posted turn: the one an idempotent retry already made, or a new
         one, claimed (running) or queued."""
+        if idempotency_key is not None or if_busy != IfBusy.REJECT:
+            # Posts that look before they claim (a stored key, the active run) take the
+            # session row first, so concurrent posts are admitted one after another, each
+            # seeing what the previous one committed (and the current head).
+            await db.refresh(session, with_for_update=True)
         run = await self.find_idempotent(db, session.id, idempotency_key, digest)
         if run is not None:
             return run

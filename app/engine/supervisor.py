@@ -90,11 +90,13 @@ class Supervisor:
         now, under the head of this moment."""
         try:
             async with self.resources.db.transaction() as db:
-                run = await runs.oldest_queued(db, session_id)
-                if run is None or await runs.active(db, session_id) is not None:
+                # The session row first: starters and posts go one at a time, so the
+                # oldest queued run is the one that starts.
+                session = await db.get(AgentSession, session_id, with_for_update=True)
+                if session is None or await runs.active(db, session_id) is not None:
                     return None
-                session = await db.get(AgentSession, session_id)
-                if session is None:
+                run = await runs.oldest_queued(db, session_id)
+                if run is None:
                     return None
                 await runs.claim(
                     db,

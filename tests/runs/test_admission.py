@@ -1,0 +1,110 @@
+"""Exactly-once admission under real concurrency: many posts racing on one session through
+HTTP against a live server on Postgres, with the exact counts the database must decide."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+
+from tests.conftest import LiveServer
+from tests.runs.helpers import messages, new_session
+
+WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
+
+
+async def settled_runs(client: httpx.AsyncClient, sid: str, count: int) -> list[dict[str, Any]]:
+    """The session's runs, oldest first, once `count` of them have finished."""
+    for _ in range(600):
+        page = (await client.get(f"/sessions/{sid}/runs", params={"limit": 500})).json()
+        runs = page["data"]
+        if len(runs) == count and all(r["finished_at"] for r in runs):
+            return list(reversed(runs))
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"runs did not settle: {runs}")
+
+
+async def test_concurrent_enqueue_posts_are_all_queued_in_order(live: LiveServer) -> None:
+    async with live.client() as client:
+        sid = await new_session(client)
+        posts = await asyncio.gather(
+            *(
+                client.post(
+                    f"/sessions/{sid}/messages",
+                    json={"content": f"m{i}", "if_busy": "enqueue", "background": True},
+                )
+                for i in range(30)
+            )
+        )
+        assert [p.status_code for p in posts] == [202] * 30, [p.text for p in posts]
+        assert len({p.json()["id"] for p in posts}) == 30
+        statuses = sorted(p.json()["status"] for p in posts)
+        assert statuses == ["queued"] * 29 + ["running"]
+        runs = await settled_runs(client, sid, 30)
+        assert [r["status"] for r in runs] == ["completed"] * 30
+        # Each turn ran after the one admitted before it: the chain holds the user
+        # messages in the order the runs were created, each followed by its reply.
+        chain = await messages(client, sid)
+        users = [m for m in chain if m["role"] == "user"]
+        assert [m["uuid"] for m in users] == [r["user_message_uuid"] for r in runs]
+        assert [m["role"] for m in chain] == ["user", "assistant"] * 30
+
+
+async def test_concurrent_posts_with_one_key_get_one_run(live: LiveServer) -> None:
+    async with live.client() as client:
+        sid = await new_session(client)
+        posts = await asyncio.gather(
+            *(
+                client.post(
+                    f"/sessions/{sid}/messages",
+                    json={"content": "once", "if_busy": "enqueue", "background": True},
+                    headers={"Idempotency-Key": "same-key"},
+                )
+                for _ in range(10)
+            )
+        )
+        assert [p.status_code for p in posts] == [202] * 10, [p.text for p in posts]
+        assert len({p.json()["id"] for p in posts}) == 1
+        [run] = await settled_runs(client, sid, 1)
+        assert run["status"] == "completed"
+        assert [m["role"] for m in await messages(client, sid)] == ["user", "assistant"]
+        # The same races without `if_busy` (reject): still one run, no 409, no 500.
+        posts = await asyncio.gather(
+            *(
+                client.post(
+                    f"/sessions/{sid}/messages",
+                    json={"content": "twice", "background": True},
+                    headers={"Idempotency-Key": "other-key"},
+                )
+                for _ in range(10)
+            )
+        )
+        assert [p.status_code for p in posts] == [202] * 10, [p.text for p in posts]
+        assert len({p.json()["id"] for p in posts}) == 1
+        await settled_runs(client, sid, 2)
+        assert len(await messages(client, sid)) == 4
+
+
+async def test_bad_idempotency_keys_are_refused_and_store_nothing(live: LiveServer) -> None:
+    async with live.client() as client:
+        sid = await new_session(client)
+        for key in (b"", b"k" * 256, b"caf\xc3\xa9", b"with space", b"tab\there"):
+            response = await client.post(
+                f"/sessions/{sid}/messages",
+                json={"content": "hi"},
+                headers={"Idempotency-Key": key},
+            )
+            assert response.status_code == 422, (key, response.text)
+            assert response.headers["content-type"] == "application/problem+json"
+            locs = [e["loc"] for e in response.json()["errors"]]
+            assert locs == [["header", "Idempotency-Key"]], (key, locs)
+        assert await messages(client, sid) == []
+        # The longest key allowed works, and the session takes turns as before.
+        for key in (b"k" * 255, None, None):
+            headers = {"Idempotency-Key": key} if key is not None else {}
+            ok = await client.post(
+                f"/sessions/{sid}/messages", json={"content": "hi"}, headers=headers
+            )
+            assert ok.status_code == 200, ok.text
+            assert ok.json()["run"]["status"] == "completed"
