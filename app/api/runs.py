@@ -159,10 +159,11 @@ async def submit_tool_results(
     runtime: RuntimeDep,
 ) -> Response:
     """Answer the client tool calls of a run in `requires_action` (exactly the pending ones)
-    and resume it; delivered like a posted turn. 409 when the run is not waiting for tool
-    results; 422 when the results do not match the pending calls."""
+    and resume it; delivered like a posted turn. Accepted once: the same body again
+    answers as the first post did; other results for the same calls are a 409, as is a
+    run that is not waiting for tool results; 422 when the results do not match the
+    pending calls."""
     run = await runs.load(db, session.id, run_id)
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    after_seq = run.last_event_seq
-    message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
+    after_seq, message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
     return deliver(runtime, run, mode, after_seq=after_seq, messages_from=message_seq)

@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -170,13 +171,33 @@ class Admission:
 
     async def submit_tool_results(
         self, db: AsyncSession, session: AgentSession, run: Run, body: ToolResultsIn
-    ) -> int:
+    ) -> tuple[int, int]:
         """Store the client's answers with the results computed before the pause and
-        make the run `running` again; launched after the commit. Returns the seq of the
-        stored message (the wait-mode answer lists the run's messages from there)."""
-        if run.status != RunStatus.REQUIRES_ACTION or not run.required_action:
+        make the run `running` again; launched after the commit. Accepted once: the
+        database lets one post take the pause, and a repeat of the accepted body answers
+        as it did (a different one is a 409). Returns where the answer starts: the last
+        event before it and the seq of the stored message (the wait-mode answer lists
+        the run's messages from there)."""
+        key = " ".join(sorted(result.tool_use_id for result in body.results))
+        digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+        if run.status == RunStatus.REQUIRES_ACTION and key not in (run.tool_answers or {}):
+            self._check_pending(run, body)
+            if await self._take_pause(db, run):
+                return await self._store_results(db, session, run, body, key, digest)
+            await db.refresh(run)  # another post (or a cancel) got there first
+        first = (run.tool_answers or {}).get(key)
+        if first is None:
             raise Conflict(f"Run {run.id} is {run.status}, not waiting for tool results")
-        pending = [use["id"] for use in run.required_action.get("tool_uses", [])]
+        if first["hash"] != digest:
+            raise Conflict(
+                f"Run {run.id} already accepted other results for these tool uses",
+                extra={"run_id": str(run.id)},
+            )
+        return int(first["after_seq"]), int(first["message_seq"])
+
+    @staticmethod
+    def _check_pending(run: Run, body: ToolResultsIn) -> None:
+        pending = [use["id"] for use in (run.required_action or {}).get("tool_uses", [])]
         given = [result.tool_use_id for result in body.results]
         if sorted(given) != sorted(pending):
             raise Invalid.field(
@@ -184,6 +205,38 @@ class Admission:
                 "must match pending tool uses",
                 f"results must answer exactly the pending tool uses {pending}; got {given}",
             )
+
+    async def _take_pause(self, db: AsyncSession, run: Run) -> bool:
+        """Make the run `running` if it still awaits the tool uses this request saw: a
+        conditional UPDATE, so of concurrent posts exactly one wins (the others wait
+        for its commit and then find the pause gone)."""
+        taken = await db.scalars(
+            update(Run)
+            .where(
+                Run.id == run.id,
+                Run.status == RunStatus.REQUIRES_ACTION,
+                Run.required_action == run.required_action,
+            )
+            .values(
+                status=RunStatus.RUNNING,
+                required_action=None,
+                worker_id=self.resources.worker_id,
+                lease_expires_at=runs.lease_deadline(self.resources.settings.run_lease_seconds),
+            )
+            .returning(Run)
+            .execution_options(populate_existing=True)
+        )
+        return taken.first() is not None
+
+    async def _store_results(
+        self,
+        db: AsyncSession,
+        session: AgentSession,
+        run: Run,
+        body: ToolResultsIn,
+        key: str,
+        digest: str,
+    ) -> tuple[int, int]:
         limit = self.resources.settings.tool_result_max_chars
         known = dict(run.state.results)
         for result in body.results:
@@ -194,19 +247,19 @@ class Admission:
         record = await runs.answer_open_tool_uses(
             db, session.id, session.head_uuid, run.id, runs.INTERRUPTED_TOOL_TEXT, known
         )
-        run.status = RunStatus.RUNNING
-        run.required_action = None
-        run.worker_id = self.resources.worker_id
-        run.lease_expires_at = runs.lease_deadline(self.resources.settings.run_lease_seconds)
+        after_seq = run.last_event_seq
         run.state = run.state.model_copy(update={"results": {}})
         if record is not None:
             set_committed_value(session, "head_uuid", record.uuid)
             await runs.append_events(
                 db, self.resources.events, run, result_events(record), after=None
             )
+        message_seq = record.seq if record is not None else 0
+        answer = {"hash": digest, "after_seq": after_seq, "message_seq": message_seq}
+        run.tool_answers = {**(run.tool_answers or {}), key: answer}
         await db.flush()
         self._launch_after_commit(db, run, session)
-        return record.seq if record is not None else 0
+        return after_seq, message_seq
 
     # --- cancelling --------------------------------------------------------------------
 

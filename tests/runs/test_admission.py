@@ -9,7 +9,8 @@ from typing import Any
 import httpx
 
 from tests.conftest import LiveServer
-from tests.runs.helpers import messages, new_session
+from tests.fake_anthropic import FakeAnthropic, items
+from tests.runs.helpers import all_accepted, messages, new_session
 
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object"}}
 
@@ -108,3 +109,43 @@ async def test_bad_idempotency_keys_are_refused_and_store_nothing(live: LiveServ
             )
             assert ok.status_code == 200, ok.text
             assert ok.json()["run"]["status"] == "completed"
+
+
+async def test_concurrent_tool_results_are_accepted_once(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    fake.script(
+        items.message(items.tool_use("get_weather", {}, id="toolu_w")),
+        items.message("Sunny, then."),
+    )
+    async with live_fake.client() as client:
+        sid = await new_session(client, tools=[WEATHER])
+        paused = (await client.post(f"/sessions/{sid}/messages", json={"content": "w?"})).json()
+        run = paused["run"]
+        assert run["status"] == "requires_action"
+        url = f"/sessions/{sid}/runs/{run['id']}/tool_results"
+        body = {"results": [{"tool_use_id": "toolu_w", "content": "sunny"}]}
+        posts = await asyncio.gather(*(client.post(url, json=body) for _ in range(10)))
+        assert [p.status_code for p in posts] == [200] * 10, [p.text for p in posts]
+        # Every post answers as the accepted one: the run and the messages it stored.
+        answers = [p.json() for p in posts]
+        assert all(a["run"]["status"] == "completed" for a in answers)
+        assert all(a["messages"] == answers[0]["messages"] for a in answers)
+        assert [m["role"] for m in answers[0]["messages"]] == ["user", "assistant"]
+        chain = await messages(client, sid)
+        results = [m for m in chain if m["content"][0]["type"] == "tool_result"]
+        assert len(results) == 1
+        assert results[0]["content"][0]["content"] == "sunny"
+        assert len(fake.requests) == 2
+        # Later: the same body answers the same; other results for those calls are a 409.
+        again = await client.post(url, json=body)
+        assert again.status_code == 200
+        assert again.json()["messages"] == answers[0]["messages"]
+        other = await client.post(
+            url, json={"results": [{"tool_use_id": "toolu_w", "content": "rain"}]}
+        )
+        assert other.status_code == 409, other.text
+        assert other.headers["content-type"] == "application/problem+json"
+        assert other.json()["type"] == "conflict"
+        assert len(await messages(client, sid)) == len(chain)
+    all_accepted(fake)
