@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 from sqlalchemy import JSON, Dialect, MetaData, String, TypeDecorator, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -33,6 +34,30 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+# SQLSTATEs of a server that cannot serve now: connection exceptions (class 08), shutting
+# down or starting up (57P01-57P03), too many connections (53300).
+_TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failure says the database cannot be reached now (refused, lost,
+    restarting, no pooled connection free) rather than that a statement is wrong: the
+    same work may succeed when it is tried again."""
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool had no connection in time
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        if exc.connection_invalidated or isinstance(
+            exc, (sa_exc.OperationalError, sa_exc.InterfaceError)
+        ):
+            return True
+        exc = exc.orig or exc
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and sqlstate.startswith(_TRANSIENT_SQLSTATES):
+        return True
+    # A refused or timed-out connect comes from the driver unwrapped.
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
 
 # JSONB on Postgres (indexable, compact), plain JSON text on SQLite.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
