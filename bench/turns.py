@@ -54,6 +54,7 @@ from bench.common import (
     percentile,
     plain_dsn,
     ratio,
+    records_of,
     save_results,
     scratch_database,
     section,
@@ -260,7 +261,7 @@ class Parley:
             )
             parent = node
         async with self.db.transaction() as db:
-            await store.append_many(db, sid, specs)
+            await store.append_many(db, records_of(sid, specs))
 
     async def stream_turn(self, sid: str, text: str) -> Sample | None:
         """A streamed turn. A stream that ends without `run.completed` is counted (see

@@ -74,13 +74,17 @@ async def regenerate(
     session: SessionDep,
     db: DbDep,
     runtime: RuntimeDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """A new assistant reply to the parent of assistant message `message_uuid`, as its
     sibling (the old reply stays in the tree) and the new head; delivered like a posted
     turn. 422 for a message that is not an assistant reply with a parent; 409 while a run
-    is active."""
+    is active. A repeated `Idempotency-Key` answers with the same run, as for a post."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    run = await runtime.admission.regenerate(db, session, message_uuid)
+    digest = request_hash({"regenerate": str(message_uuid)})
+    run = await runtime.admission.regenerate(
+        db, session, message_uuid, idempotency_key=idempotency_key, digest=digest
+    )
     return deliver(runtime, run, mode)
 
 

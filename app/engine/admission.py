@@ -101,14 +101,25 @@ class Admission:
         )
 
     async def regenerate(
-        self, db: AsyncSession, session: AgentSession, message_uuid: uuid.UUID
+        self,
+        db: AsyncSession,
+        session: AgentSession,
+        message_uuid: uuid.UUID,
+        *,
+        idempotency_key: str | None = None,
+        digest: str = "",
     ) -> Run:
         """A new reply as a sibling of assistant message `message_uuid`."""
         record = await history.message(db, session.id, message_uuid)
         if record.role != "assistant" or record.parent_uuid is None:
             raise Invalid("Only an assistant reply with a parent can be regenerated")
+        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
+        if run is not None:
+            return run
         params = RunParams(parent_uuid=record.parent_uuid, regenerate=message_uuid)
-        return await self.submit(db, session, params)
+        return await self.submit(
+            db, session, params, idempotency_key=idempotency_key, digest=digest
+        )
 
     async def compact(
         self, db: AsyncSession, session: AgentSession, instructions: str | None

@@ -116,6 +116,11 @@ class Playground:
         return self.page.locator("#status")
 
     @property
+    def title(self) -> Locator:
+        """The open session's title (the heading above the conversation)."""
+        return self.page.locator("#session-title")
+
+    @property
     def box(self) -> Locator:
         return self.page.get_by_role("textbox", name="Message", exact=True)
 
@@ -157,7 +162,7 @@ class Playground:
             await dialog.get_by_label(label, exact=True).uncheck()
         await dialog.get_by_role("button", name="Create").click()
         await expect(dialog).to_be_hidden()
-        await expect(self.page.get_by_role("heading", name=title, exact=True)).to_be_visible()
+        await expect(self.title).to_have_text(title)
         await expect(self.box).to_be_enabled()
 
     async def send(self, text: str, *, until: str = "Reply complete") -> None:
