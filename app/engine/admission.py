@@ -54,6 +54,14 @@ class Admission:
 
     # --- turns ---------------------------------------------------------------------
 
+    @staticmethod
+    async def lock_session(db: AsyncSession, session: AgentSession) -> None:
+        """Take the session row until the commit, reloading it (its head). Posts that look
+        before they claim (for a stored key, for the active run) do this first, so racing
+        posts are admitted one after another, each seeing what the previous committed:
+        Postgres decides the order, and a key's first post makes the run the others find."""
+        await db.refresh(session, with_for_update=True)
+
     async def find_idempotent(
         self, db: AsyncSession, session_id: uuid.UUID, key: str | None, digest: str
     ) -> Run | None:
@@ -84,10 +92,7 @@ class Admission:
         """The run of a posted turn: the one an idempotent retry already made, or a new
         one, claimed (running) or queued."""
         if idempotency_key is not None or if_busy != IfBusy.REJECT:
-            # Posts that look before they claim (a stored key, the active run) take the
-            # session row first, so concurrent posts are admitted one after another, each
-            # seeing what the previous one committed (and the current head).
-            await db.refresh(session, with_for_update=True)
+            await self.lock_session(db, session)
         run = await self.find_idempotent(db, session.id, idempotency_key, digest)
         if run is not None:
             return run
@@ -113,6 +118,8 @@ class Admission:
         record = await history.message(db, session.id, message_uuid)
         if record.role != "assistant" or record.parent_uuid is None:
             raise Invalid("Only an assistant reply with a parent can be regenerated")
+        if idempotency_key is not None:
+            await self.lock_session(db, session)
         run = await self.find_idempotent(db, session.id, idempotency_key, digest)
         if run is not None:
             return run

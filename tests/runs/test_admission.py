@@ -149,3 +149,26 @@ async def test_concurrent_tool_results_are_accepted_once(
         assert other.json()["type"] == "conflict"
         assert len(await messages(client, sid)) == len(chain)
     all_accepted(fake)
+
+
+async def test_concurrent_regenerates_with_one_key_get_one_run(live: LiveServer) -> None:
+    async with live.client() as client:
+        sid = await new_session(client)
+        first = await client.post(f"/sessions/{sid}/messages", json={"content": "hi"})
+        reply = first.json()["messages"][-1]["uuid"]
+        posts = await asyncio.gather(
+            *(
+                client.post(
+                    f"/sessions/{sid}/messages/{reply}/regenerate",
+                    json={"background": True},
+                    headers={"Idempotency-Key": "regen-1"},
+                )
+                for _ in range(10)
+            )
+        )
+        assert [p.status_code for p in posts] == [202] * 10, [p.text for p in posts]
+        assert len({p.json()["id"] for p in posts}) == 1
+        runs = await settled_runs(client, sid, 2)
+        assert [r["status"] for r in runs] == ["completed", "completed"]
+        nodes = (await client.get(f"/sessions/{sid}/tree")).json()["data"]
+        assert [n["role"] for n in nodes] == ["user", "assistant", "assistant"]
