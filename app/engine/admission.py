@@ -54,14 +54,6 @@ class Admission:
 
     # --- turns ---------------------------------------------------------------------
 
-    @staticmethod
-    async def lock_session(db: AsyncSession, session: AgentSession) -> None:
-        """Take the session row until the commit, reloading it (its head). Posts that look
-        before they claim (for a stored key, for the active run) do this first, so racing
-        posts are admitted one after another, each seeing what the previous committed:
-        Postgres decides the order, and a key's first post makes the run the others find."""
-        await db.refresh(session, with_for_update=True)
-
     async def find_idempotent(
         self, db: AsyncSession, session_id: uuid.UUID, key: str | None, digest: str
     ) -> Run | None:
@@ -91,11 +83,6 @@ class Admission:
     ) -> Run:
         """The run of a posted turn: the one an idempotent retry already made, or a new
         one, claimed (running) or queued."""
-        if idempotency_key is not None or if_busy != IfBusy.REJECT:
-            await self.lock_session(db, session)
-        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
-        if run is not None:
-            return run
         return await self.submit(
             db,
             session,
@@ -118,11 +105,6 @@ class Admission:
         record = await history.message(db, session.id, message_uuid)
         if record.role != "assistant" or record.parent_uuid is None:
             raise Invalid("Only an assistant reply with a parent can be regenerated")
-        if idempotency_key is not None:
-            await self.lock_session(db, session)
-        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
-        if run is not None:
-            return run
         params = RunParams(parent_uuid=record.parent_uuid, regenerate=message_uuid)
         return await self.submit(
             db, session, params, idempotency_key=idempotency_key, digest=digest
@@ -147,15 +129,26 @@ class Admission:
         idempotency_key: str | None = None,
         digest: str = "",
     ) -> Run:
-        """Store the turn and claim the session, or queue it (`enqueue`), or cancel the
-        active run first (`interrupt`). The run is launched after the commit."""
+        """The run this key already made, or: store the turn and claim the session, or
+        queue it (`enqueue`), or cancel the active run first (`interrupt`). The run is
+        launched after the commit.
+
+        Posts that look before they claim (for their key's run, for the active run) take
+        the session row first, so racing posts are admitted one after another, each
+        seeing what the previous one committed. `reject` alone needs no lock: the claim
+        fails on the one-active-run index when it loses."""
         if params.parent_uuid is not None:
             await history.message(db, session.id, params.parent_uuid)
-        # `reject` relies on the database alone (the claim fails if a run is active).
-        active = None if if_busy == IfBusy.REJECT else await runs.active(db, session.id)
-        if active is not None and if_busy == IfBusy.INTERRUPT:
-            await self.cancel(db, session, active, reason="interrupted by a newer turn")
-            await db.flush()
+        if if_busy == IfBusy.INTERRUPT:
+            run = await self._interrupt(db, session, idempotency_key, digest)
+            if run is not None:
+                return run
+        if idempotency_key is not None or if_busy == IfBusy.ENQUEUE:
+            await self.lock_session(db, session)
+        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
+        if run is not None:
+            return run
+        active = await runs.active(db, session.id) if if_busy == IfBusy.ENQUEUE else None
         run = Run(
             id=uuid.uuid4(),
             session_id=session.id,
@@ -169,7 +162,7 @@ class Admission:
             last_event_seq=0,
             created_at=runs.now(),
         )
-        if active is not None and if_busy == IfBusy.ENQUEUE:
+        if active is not None:
             db.add(run)
             await db.flush()
             return run
@@ -184,6 +177,30 @@ class Admission:
         )
         self._launch_after_commit(db, run, session)
         return run
+
+    @staticmethod
+    async def lock_session(db: AsyncSession, session: AgentSession) -> None:
+        """Take the session row until the commit, reloading it (its head)."""
+        await db.refresh(session, with_for_update=True)
+
+    async def _interrupt(
+        self, db: AsyncSession, session: AgentSession, key: str | None, digest: str
+    ) -> Run | None:
+        """Cancel the active run, before the post takes the session row: a run executing
+        here needs that row for its last step, so a post holding it would wait on its own
+        cancel. The run this key already made (a retry, or a post racing this one) is
+        returned instead, never cancelled."""
+        run = await self.find_idempotent(db, session.id, key, digest)
+        if run is not None:
+            return run
+        active = await runs.active(db, session.id)
+        if active is None:
+            return None
+        if key is not None and active.idempotency_key == key:
+            return await self.find_idempotent(db, session.id, key, digest)
+        await self.cancel(db, session, active, reason="interrupted by a newer turn")
+        await db.flush()
+        return None
 
     # --- client tools ----------------------------------------------------------------
 

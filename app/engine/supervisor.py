@@ -119,8 +119,9 @@ class Supervisor:
         task = self.tasks.get(run_id)
         if task is None:
             return False
-        self._cancel_reasons[run_id] = reason
-        task.cancel()
+        if run_id not in self._cancel_reasons:  # a second cancel would cut the first's cleanup
+            self._cancel_reasons[run_id] = reason
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(asyncio.shield(task), timeout=30)
         return True

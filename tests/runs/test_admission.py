@@ -172,3 +172,38 @@ async def test_concurrent_regenerates_with_one_key_get_one_run(live: LiveServer)
         assert [r["status"] for r in runs] == ["completed", "completed"]
         nodes = (await client.get(f"/sessions/{sid}/tree")).json()["data"]
         assert [n["role"] for n in nodes] == ["user", "assistant", "assistant"]
+
+
+async def test_interrupting_a_streaming_run_with_a_key(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    """An interrupt stops a run executing in this process (whose last step needs the
+    session row) before the post takes the row: no post waits on its own run. Posts
+    with one key racing it all get the one new run."""
+    fake.configure(chunk_delay=0.05, text_chunk_chars=2)
+    fake.script("a slow reply " * 20, "the new turn")
+    async with live_fake.client() as client:
+        sid = await new_session(client)
+        old = await client.post(
+            f"/sessions/{sid}/messages", json={"content": "one", "background": True}
+        )
+        old_id = old.json()["id"]
+        while not (await client.get(f"/sessions/{sid}/messages")).json()["data"]:
+            await asyncio.sleep(0.05)
+        posts = await asyncio.gather(
+            *(
+                client.post(
+                    f"/sessions/{sid}/messages",
+                    json={"content": "two", "if_busy": "interrupt"},
+                    headers={"Idempotency-Key": "interrupt-1"},
+                    timeout=15,  # well below the 30 s a post stuck on its own run would wait
+                )
+                for _ in range(3)
+            )
+        )
+        assert [p.status_code for p in posts] == [200] * 3, [p.text for p in posts]
+        assert len({p.json()["run"]["id"] for p in posts}) == 1
+        assert posts[0].json()["run"]["status"] == "completed"
+        assert (await client.get(f"/sessions/{sid}/runs/{old_id}")).json()["status"] == (
+            "cancelled"
+        )
