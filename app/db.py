@@ -40,23 +40,38 @@ NAMING_CONVENTION = {
 _TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
 
 
+# Text Postgres cannot hold: a NUL in text (22021) or in JSON (22P05, `\u0000`).
+_UNSTORABLE_TEXT_SQLSTATES = frozenset({"22021", "22P05"})
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    driver = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    sqlstate = getattr(driver, "sqlstate", None)
+    return sqlstate if isinstance(sqlstate, str) else None
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether a failure says the database cannot be reached now (refused, lost,
     restarting, no pooled connection free) rather than that a statement is wrong: the
     same work may succeed when it is tried again."""
     if isinstance(exc, sa_exc.TimeoutError):  # the pool had no connection in time
         return True
-    if isinstance(exc, sa_exc.DBAPIError):
-        if exc.connection_invalidated or isinstance(
-            exc, (sa_exc.OperationalError, sa_exc.InterfaceError)
-        ):
-            return True
-        exc = exc.orig or exc
-    sqlstate = getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and sqlstate.startswith(_TRANSIENT_SQLSTATES):
+    if isinstance(exc, sa_exc.DBAPIError) and (
+        exc.connection_invalidated
+        or isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
+    ):
+        return True
+    sqlstate = _sqlstate(exc)
+    if sqlstate is not None and sqlstate.startswith(_TRANSIENT_SQLSTATES):
         return True
     # A refused or timed-out connect comes from the driver unwrapped.
     return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def is_unstorable_text(exc: BaseException) -> bool:
+    """Whether Postgres refused a value for holding a NUL character (which a client can
+    send as `\u0000` in JSON): the request's fault, not the service's."""
+    return _sqlstate(exc) in _UNSTORABLE_TEXT_SQLSTATES
 
 
 # JSONB on Postgres (indexable, compact), plain JSON text on SQLite.

@@ -71,9 +71,8 @@ class RequestContextMiddleware:
             if status == 500:
                 log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             else:
-                log.warning(
-                    "database unavailable on %s %s: %r", scope.get("method"), scope.get("path"), exc
-                )
+                method, path = scope.get("method"), scope.get("path")
+                log.warning("%s on %s %s: %r", problem_body["type"], method, path, exc)
             if not status_holder["started"]:
                 body = json.dumps(problem_body).encode()
                 await send_with_id(

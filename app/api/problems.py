@@ -4,7 +4,8 @@ The one place where domain errors (`app.errors`) and framework errors (unknown r
 bad JSON, validation, the streamed body limit) become HTTP answers. Anything else that
 escapes is rendered by `middleware.RequestContextMiddleware` as `last_resort` says: 503
 `unavailable` with `Retry-After` when the database cannot be reached now (the request
-may be repeated as it is), else a 500 problem without a trace.
+may be repeated as it is), 422 when Postgres refused the request's text (a NUL), else a
+500 problem without a trace.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from app.db import is_transient
+from app.db import is_transient, is_unstorable_text
 from app.errors import (
     Conflict,
     DomainError,
@@ -105,6 +106,11 @@ def last_resort(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]
         unavailable = Unavailable("The database cannot be reached right now; retry shortly")
         status, body = domain_problem(unavailable)
         return status, body, _headers_for(status, unavailable) or {}
+    if is_unstorable_text(exc):  # the transaction rolled back: nothing was stored
+        status, body = domain_problem(
+            Invalid("The request holds a NUL character (\\u0000), which cannot be stored")
+        )
+        return status, body, {}
     return 500, problem(500, "internal", "Internal error", "An unexpected error occurred"), {}
 
 

@@ -188,7 +188,9 @@ async def test_interrupting_a_streaming_run_with_a_key(
             f"/sessions/{sid}/messages", json={"content": "one", "background": True}
         )
         old_id = old.json()["id"]
-        while not (await client.get(f"/sessions/{sid}/messages")).json()["data"]:
+        for _ in range(200):  # until its user message is stored: the run is streaming
+            if (await client.get(f"/sessions/{sid}/messages")).json()["data"]:
+                break
             await asyncio.sleep(0.05)
         posts = await asyncio.gather(
             *(
