@@ -53,7 +53,17 @@ def _sqlstate(exc: BaseException) -> str | None:
 def is_transient(exc: BaseException) -> bool:
     """Whether a failure says the database cannot be reached now (refused, lost,
     restarting, no pooled connection free) rather than that a statement is wrong: the
-    same work may succeed when it is tried again."""
+    same work may succeed when it is tried again. Follows the chain of causes, since
+    drivers and frameworks wrap what they catch."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _says_unreachable(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _says_unreachable(exc: BaseException) -> bool:
     if isinstance(exc, sa_exc.TimeoutError):  # the pool had no connection in time
         return True
     if isinstance(exc, sa_exc.DBAPIError) and (

@@ -40,3 +40,14 @@ def test_is_transient(error: BaseException, transient: bool) -> None:
 def test_invalidated_connection_is_transient() -> None:
     error = sa_exc.DBAPIError("SELECT 1", {}, DriverError("XX000"), connection_invalidated=True)
     assert is_transient(error)
+
+
+def test_a_wrapped_outage_is_transient() -> None:
+    try:
+        try:
+            raise ConnectionRefusedError(111, "Connect call failed")
+        except ConnectionRefusedError as inner:
+            raise RuntimeError("while serving the request") from inner
+    except RuntimeError as outer:
+        assert is_transient(outer)
+    assert not is_transient(RuntimeError("alone"))
