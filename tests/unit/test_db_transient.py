@@ -43,11 +43,7 @@ def test_invalidated_connection_is_transient() -> None:
 
 
 def test_a_wrapped_outage_is_transient() -> None:
-    try:
-        try:
-            raise ConnectionRefusedError(111, "Connect call failed")
-        except ConnectionRefusedError as inner:
-            raise RuntimeError("while serving the request") from inner
-    except RuntimeError as outer:
-        assert is_transient(outer)
+    outer = RuntimeError("while serving the request")
+    outer.__cause__ = ConnectionRefusedError(111, "Connect call failed")
+    assert is_transient(outer)
     assert not is_transient(RuntimeError("alone"))
