@@ -116,6 +116,9 @@ class Run(Base):
     state: Mapped[RunState] = mapped_column(PydanticJSON(RunState), default=RunState)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_hash: Mapped[str | None] = mapped_column(String(64))
+    # The client tool results accepted, by the ids they answer: each post's body hash and
+    # where its answer started, so a repeat answers as the first did.
+    tool_answers: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     last_event_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -2,7 +2,10 @@
 
 The one place where domain errors (`app.errors`) and framework errors (unknown routes,
 bad JSON, validation, the streamed body limit) become HTTP answers. Anything else that
-escapes is a 500 problem without a trace, rendered by `middleware.RequestContextMiddleware`.
+escapes is rendered by `middleware.RequestContextMiddleware` as `last_resort` says: 503
+`unavailable` with `Retry-After` when the database cannot be reached now (the request
+may be repeated as it is), 422 when Postgres refused the request's text (a NUL), else a
+500 problem without a trace.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from app.db import is_transient, is_unstorable_text
 from app.errors import (
     Conflict,
     DomainError,
@@ -27,6 +31,8 @@ from app.errors import (
 )
 
 PROBLEM_JSON = "application/problem+json"
+# What a 503 asks a client to wait before it repeats the request.
+RETRY_AFTER_SECONDS = 2
 
 # status, problem type and title of each domain error
 DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
@@ -78,11 +84,34 @@ def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
     return status, problem(status, slug, title, exc.detail, **extra)
 
 
+def _headers_for(status: int, exc: BaseException) -> dict[str, str] | None:
+    if isinstance(exc, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    if status == 503:
+        return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return None
+
+
 async def _on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     status, body = domain_problem(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    headers = _headers_for(status, exc)
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def last_resort(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """The answer to an exception no handler took: its status, problem document and
+    headers."""
+    if is_transient(exc):
+        unavailable = Unavailable("The database cannot be reached right now; retry shortly")
+        status, body = domain_problem(unavailable)
+        return status, body, _headers_for(status, unavailable) or {}
+    if is_unstorable_text(exc):  # the transaction rolled back: nothing was stored
+        status, body = domain_problem(
+            Invalid("The request holds a NUL character (\\u0000), which cannot be stored")
+        )
+        return status, body, {}
+    return 500, problem(500, "internal", "Internal error", "An unexpected error occurred"), {}
 
 
 async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:

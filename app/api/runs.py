@@ -18,7 +18,12 @@ from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnR
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+# 1 to 255 visible ASCII characters (RFC 9110 VCHAR); anything else is a 422 naming the
+# header, never a key stored as sent.
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
+]
 TURN_RESPONSES = {
     **SSE_RESPONSES,
     200: {**SSE_RESPONSES[200], "model": TurnResult},
@@ -158,10 +163,11 @@ async def submit_tool_results(
     runtime: RuntimeDep,
 ) -> Response:
     """Answer the client tool calls of a run in `requires_action` (exactly the pending ones)
-    and resume it; delivered like a posted turn. 409 when the run is not waiting for tool
-    results; 422 when the results do not match the pending calls."""
+    and resume it; delivered like a posted turn. Accepted once: the same body again
+    answers as the first post did; other results for the same calls are a 409, as is a
+    run that is not waiting for tool results; 422 when the results do not match the
+    pending calls."""
     run = await runs.load(db, session.id, run_id)
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    after_seq = run.last_event_seq
-    message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
+    after_seq, message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
     return deliver(runtime, run, mode, after_seq=after_seq, messages_from=message_seq)

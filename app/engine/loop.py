@@ -11,9 +11,10 @@ events that report them, sent only after it commits.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, cast
@@ -31,7 +32,7 @@ from app.conversation.payloads import message_payload, result_events, run_json
 from app.conversation.records import MessageRecord, new_message
 from app.conversation.store import sessions_t
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
-from app.engine import runs
+from app.engine import refusal, runs
 from app.engine.compaction import layers
 from app.engine.handle import RunStep
 from app.engine.llm.errors import ModelError, PromptTooLong
@@ -263,8 +264,15 @@ class TurnRunner:
 
     # --- ending --------------------------------------------------------------------
 
-    async def finish(self, status: RunStatus, error: dict[str, Any] | None = None) -> bool:
-        """Mark the run finished (unless someone else already did) and report it."""
+    async def finish(
+        self,
+        status: RunStatus,
+        error: dict[str, Any] | None = None,
+        *,
+        also: Callable[[RunStep], Awaitable[None]] | None = None,
+    ) -> bool:
+        """Mark the run finished (unless someone else already did) and report it; `also`
+        writes more in the same step (a refused turn's rewind)."""
         async with self.step() as step:
             run = await self.update_run(
                 step.db,
@@ -276,6 +284,8 @@ class TurnRunner:
                 state=self.state,
             )
             if run is not None:
+                if also is not None:
+                    await also(step)
                 step.report(f"run.{status}", run_json(run))
                 # Whether a queued turn waits for this session (it starts right after).
                 self.queued_next = (
@@ -374,14 +384,19 @@ async def execute(
     except RunFailed as exc:
         await runner.finish(RunStatus.FAILED, exc.error)
     except ModelError as exc:
-        await runner.finish(
-            RunStatus.FAILED,
-            {
-                "type": "upstream_error",
-                "message": f"The model API failed ({exc.kind}): {exc.message}",
-                **({"request_id": exc.request_id} if exc.request_id else {}),
-            },
-        )
+        refused = refusal.refused_turn(run, exc)
+        if refused is not None:
+            rewind = functools.partial(refusal.rewind, session_id=session.id, message_uuid=refused)
+            await runner.finish(RunStatus.FAILED, refusal.refused_error(exc), also=rewind)
+        else:
+            await runner.finish(
+                RunStatus.FAILED,
+                {
+                    "type": "upstream_error",
+                    "message": f"The model API failed ({exc.kind}): {exc.message}",
+                    **({"request_id": exc.request_id} if exc.request_id else {}),
+                },
+            )
     except Exception:
         log.exception("run %s failed unexpectedly", run_id)
         await runner.finish(

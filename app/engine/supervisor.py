@@ -90,11 +90,13 @@ class Supervisor:
         now, under the head of this moment."""
         try:
             async with self.resources.db.transaction() as db:
-                run = await runs.oldest_queued(db, session_id)
-                if run is None or await runs.active(db, session_id) is not None:
+                # The session row first: starters and posts go one at a time, so the
+                # oldest queued run is the one that starts.
+                session = await db.get(AgentSession, session_id, with_for_update=True)
+                if session is None or await runs.active(db, session_id) is not None:
                     return None
-                session = await db.get(AgentSession, session_id)
-                if session is None:
+                run = await runs.oldest_queued(db, session_id)
+                if run is None:
                     return None
                 await runs.claim(
                     db,
@@ -117,8 +119,9 @@ class Supervisor:
         task = self.tasks.get(run_id)
         if task is None:
             return False
-        self._cancel_reasons[run_id] = reason
-        task.cancel()
+        if run_id not in self._cancel_reasons:  # a second cancel would cut the first's cleanup
+            self._cancel_reasons[run_id] = reason
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(asyncio.shield(task), timeout=30)
         return True
