@@ -279,6 +279,9 @@ class TurnIn(DeliveryMode):
     content: UserContent
     parent_uuid: UUID | None = None
     if_busy: IfBusy = IfBusy.REJECT
+    # Told of this run's events (signed with the tenant's turn secret), beside the
+    # tenant's registered endpoints.
+    webhook_url: str | None = Field(None, min_length=8, max_length=2000)
 
     @field_validator("content")
     @classmethod
@@ -397,3 +400,47 @@ class FileOut(BaseModel):
 class Health(BaseModel):
     status: str
     detail: str | None = None
+
+
+# --- webhooks ---------------------------------------------------------------------------
+
+WebhookEvent = Literal[
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+    "run.requires_action",
+    "compaction.completed",
+]
+
+
+class WebhookIn(StrictModel):
+    url: str = Field(min_length=8, max_length=2000)
+    events: list[WebhookEvent] = Field(min_length=1)
+
+
+class WebhookOut(BaseModel):
+    id: UUID
+    url: str
+    events: list[WebhookEvent]
+    created_at: datetime
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="The signing secret (whsec_...): shown only now")
+
+
+class WebhookDeliveryOut(BaseModel):
+    id: UUID = Field(description="Also the `webhook-id` header of every attempt")
+    event: WebhookEvent
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int
+    next_attempt_at: datetime | None
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
+    payload: dict[str, Any]
+
+
+class TurnSecretOut(BaseModel):
+    secret: str = Field(description="Signs the deliveries to a turn's own webhook_url")

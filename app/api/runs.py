@@ -13,6 +13,7 @@ from app.api.deps import DbDep, RuntimeDep, SessionDep
 from app.conversation.payloads import run_out
 from app.engine import runs
 from app.engine.admission import request_hash
+from app.engine.webhooks import endpoints
 from app.errors import Invalid
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
 
@@ -41,9 +42,11 @@ async def post_turn(
     with the run (`background: true`), or by default 200 with the run and its messages
     once it settles. While a run is active, `if_busy` rejects (409), enqueues or
     interrupts; a repeated `Idempotency-Key` answers with the same run (422 if the body
-    differs)."""
+    differs). `webhook_url` is told of this run's events too (422 when refused)."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+    if body.webhook_url is not None:
+        await endpoints.check_turn_url(runtime.settings, body.webhook_url)
     run = await runtime.admission.post_turn(
         db,
         session,
@@ -52,6 +55,7 @@ async def post_turn(
         if_busy=body.if_busy,
         idempotency_key=idempotency_key,
         digest=digest,
+        webhook_url=body.webhook_url,
     )
     return deliver(runtime, run, mode)
 

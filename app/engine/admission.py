@@ -79,6 +79,7 @@ class Admission:
         if_busy: IfBusy,
         idempotency_key: str | None,
         digest: str,
+        webhook_url: str | None = None,
     ) -> Run:
         """The run of a posted turn: the one an idempotent retry already made, or a new
         one, claimed (running) or queued."""
@@ -88,7 +89,7 @@ class Admission:
         return await self.submit(
             db,
             session,
-            RunParams(content=content, parent_uuid=parent_uuid),
+            RunParams(content=content, parent_uuid=parent_uuid, webhook_url=webhook_url),
             if_busy=if_busy,
             idempotency_key=idempotency_key,
             digest=digest,
