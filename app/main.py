@@ -20,7 +20,9 @@ from app.api import (
     playground,
     runs,
     sessions,
+    tokens,
     transcripts,
+    usage,
     webhooks,
 )
 from app.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, route_template
@@ -64,6 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         files,
         transcripts,
         webhooks,
+        usage,
+        tokens,
     ):
         app.include_router(module.router)
 

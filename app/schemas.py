@@ -154,6 +154,8 @@ class SessionFields(StrictModel):
     builtin_tools: list[BuiltinTool] | None = None
     max_tokens: int | None = Field(None, ge=1, le=128_000)
     thinking: ThinkingConfig | None = None
+    # Input + output tokens the session may use per budget period (null: no limit).
+    token_budget: int | None = Field(None, ge=1)
 
     @field_validator("system")
     @classmethod
@@ -203,6 +205,7 @@ class SessionOut(BaseModel):
     tools: list[dict[str, Any]]
     builtin_tools: list[str]
     max_tokens: int | None
+    token_budget: int | None
     thinking: dict[str, Any] | None
     compaction: EffectiveCompaction
     status: Literal["idle", "running", "requires_action"]
@@ -444,3 +447,35 @@ class WebhookDeliveryOut(BaseModel):
 
 class TurnSecretOut(BaseModel):
     secret: str = Field(description="Signs the deliveries to a turn's own webhook_url")
+
+
+# --- usage and browser tokens -------------------------------------------------------------
+
+
+class SessionUsage(BaseModel):
+    session_id: UUID
+    input_tokens: int
+    output_tokens: int
+
+
+class UsageOut(BaseModel):
+    from_: datetime = Field(alias="from", serialization_alias="from")
+    to: datetime
+    input_tokens: int = Field(description="Every token the model read, cached or not")
+    output_tokens: int
+    sessions: list[SessionUsage]
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class TokenIn(StrictModel):
+    session_id: UUID
+    read_only: bool = False
+    ttl_seconds: int = Field(900, ge=10, description="Lifetime, at most the server's maximum")
+
+
+class TokenOut(BaseModel):
+    token: str
+    session_id: UUID
+    read_only: bool
+    expires_at: datetime

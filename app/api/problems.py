@@ -16,11 +16,14 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from app.errors import (
+    BudgetExceeded,
     Conflict,
     DomainError,
+    Forbidden,
     Invalid,
     NoGain,
     NotFound,
+    RateLimited,
     Unauthorized,
     Unavailable,
     UpstreamFailed,
@@ -34,9 +37,12 @@ DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
     NoGain: (422, "nothing_to_gain", "Nothing to gain"),
     Invalid: (422, "invalid_request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Unauthorized"),
+    Forbidden: (403, "forbidden", "Forbidden"),
     NotFound: (404, "not_found", "Not found"),
     Conflict: (409, "conflict", "Conflict"),
     UpstreamFailed: (502, "upstream_error", "Model API failed"),
+    RateLimited: (429, "rate_limited", "Too many requests"),
+    BudgetExceeded: (429, "budget_exceeded", "Token budget exceeded"),
     Unavailable: (503, "unavailable", "Service unavailable"),
 }
 
@@ -81,7 +87,11 @@ def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
 async def _on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     status, body = domain_problem(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    headers = None
+    if isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(exc, RateLimited):
+        headers = {"Retry-After": str(exc.retry_after)}
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.api.deps import DbDep, RuntimeDep, SessionDep
+from app.api.deps import DbDep, RuntimeDep, SessionDep, count_turn
 from app.conversation.payloads import run_out
 from app.engine import runs
 from app.engine.admission import request_hash
@@ -25,10 +25,20 @@ TURN_RESPONSES = {
     200: {**SSE_RESPONSES[200], "model": TurnResult},
     202: {"model": RunOut, "description": "Started in the background"},
     409: {"description": "The session has an active run (if_busy=reject)"},
+    429: {
+        "description": "rate_limited (with Retry-After: the key's turns per minute or the "
+        "tenant's running runs) or budget_exceeded (a token budget is used up)"
+    },
 }
 
 
-@router.post("/messages", responses=TURN_RESPONSES, response_model=None, summary="Post a turn")
+@router.post(
+    "/messages",
+    responses=TURN_RESPONSES,
+    response_model=None,
+    dependencies=[Depends(count_turn)],
+    summary="Post a turn",
+)
 async def post_turn(
     body: TurnIn,
     request: Request,
@@ -64,6 +74,7 @@ async def post_turn(
     "/messages/{message_uuid}/regenerate",
     responses=TURN_RESPONSES,
     response_model=None,
+    dependencies=[Depends(count_turn)],
     summary="Regenerate a reply",
 )
 async def regenerate(

@@ -30,12 +30,16 @@ from app.domain import (
     ToolResult,
 )
 from app.engine import runs
+from app.engine.quotas import budgets, running
 from app.engine.resources import Resources
 from app.engine.supervisor import Supervisor
 from app.engine.tools.builtin import truncate_middle
-from app.errors import Conflict, Invalid
+from app.errors import BudgetExceeded, Conflict, Invalid, RateLimited
 from app.models import AgentSession, Run
 from app.schemas import ToolResultsIn
+
+# Seconds a post refused for the tenant's running runs is told to wait.
+RUNNING_RETRY_AFTER = 5
 
 
 def request_hash(payload: Any) -> str:
@@ -133,6 +137,16 @@ class Admission:
         if active is not None and if_busy == IfBusy.INTERRUPT:
             await self.cancel(db, session, active, reason="interrupted by a newer turn")
             await db.flush()
+        await self.check_quotas(db, session)
+        crowded = await running.at_limit(db, self.resources.settings, session.tenant)
+        if crowded is not None and if_busy != IfBusy.ENQUEUE:
+            metrics.throttled.labels("running_runs").inc()
+            raise RateLimited(
+                f"The tenant has its limit of {crowded} runs running; retry later or post "
+                "with if_busy=enqueue",
+                retry_after=RUNNING_RETRY_AFTER,
+                extra={"limit": "running_runs"},
+            )
         run = Run(
             id=uuid.uuid4(),
             session_id=session.id,
@@ -146,7 +160,7 @@ class Admission:
             last_event_seq=0,
             created_at=runs.now(),
         )
-        if active is not None and if_busy == IfBusy.ENQUEUE:
+        if (active is not None or crowded is not None) and if_busy == IfBusy.ENQUEUE:
             db.add(run)
             await db.flush()
             return run
@@ -161,6 +175,14 @@ class Admission:
         )
         self._launch_after_commit(db, run, session)
         return run
+
+    async def check_quotas(self, db: AsyncSession, session: AgentSession) -> None:
+        """429 `budget_exceeded` when the tenant's or the session's token budget is
+        used up."""
+        used_up = await budgets.exhausted(db, self.resources.settings, session)
+        if used_up is not None:
+            metrics.budget_refusals.labels(used_up.scope, "post").inc()
+            raise BudgetExceeded(used_up.message, extra=used_up.as_extra())
 
     # --- client tools ----------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from app import auth
 from app.config import Settings
 from app.engine.admission import Admission
+from app.engine.quotas.rate import RateLimiter
 from app.engine.resources import Resources
 from app.engine.supervisor import Supervisor
 from app.engine.webhooks.sender import Sender
@@ -51,6 +52,7 @@ class Runtime:
         self.supervisor = Supervisor(self.resources)
         self.admission = Admission(self.resources, self.supervisor)
         self.webhooks = Sender(self.db, settings)
+        self.rates = RateLimiter(self.db)
         self.migration_head = head_revision()
         self.open_mode = not settings.api_keys
         self._loops: list[asyncio.Task[None]] = []

@@ -23,6 +23,7 @@ from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
 from app.engine.loop import execute
+from app.engine.quotas import running
 from app.engine.resources import Resources
 from app.errors import Conflict
 from app.models import AgentSession, Run
@@ -94,7 +95,7 @@ class Supervisor:
                 if run is None or await runs.active(db, session_id) is not None:
                     return None
                 session = await db.get(AgentSession, session_id)
-                if session is None:
+                if session is None or await running.at_limit(db, self.settings, session.tenant):
                     return None
                 await runs.claim(
                     db,
