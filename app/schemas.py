@@ -315,6 +315,11 @@ class RunError(BaseModel):
     pre_tokens: int | None = None
     post_tokens: int | None = None
     min_saving: float | None = None
+    # `budget_exceeded`: which budget (tenant, session), its limit, what was used, period
+    budget: Literal["tenant", "session"] | None = None
+    limit: int | None = None
+    used: int | None = None
+    period: str | None = None
 
 
 class ToolUseRequest(BaseModel):
