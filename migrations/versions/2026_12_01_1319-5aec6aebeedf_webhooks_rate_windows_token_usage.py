@@ -90,7 +90,6 @@ def upgrade() -> None:
         batch_op.add_column(sa.Column("token_budget", sa.BigInteger(), nullable=True))
 
 
-
 def downgrade() -> None:
     with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
         batch_op.drop_column("token_budget")
