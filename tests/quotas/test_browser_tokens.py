@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import auth
-from tests.conftest import OTHER_KEY, live_server
-from tests.runs.helpers import names, new_session, post_stream
+from tests.conftest import OTHER_KEY, live_server, on_fake
+from tests.fake_anthropic import FakeAnthropic, items
+from tests.runs.helpers import names, new_session, post_stream, stream
 
 SECRET = {"secret_key": "k" * 40}
 
@@ -84,3 +85,30 @@ async def test_no_tokens_without_a_server_secret(database_url: str, engine: Asyn
     async with live_server(database_url, engine) as server, server.client() as tenant:
         sid = await new_session(tenant)
         assert (await tenant.post("/tokens", json={"session_id": sid})).status_code == 422
+
+
+async def test_a_token_answers_client_tools(
+    database_url: str, engine: AsyncEngine, fake: FakeAnthropic
+) -> None:
+    weather = {"name": "get_weather", "input_schema": {"type": "object"}}
+    async with (
+        live_server(database_url, engine, **SECRET, **on_fake(fake)) as server,
+        server.client() as tenant,
+    ):
+        sid = await new_session(tenant, tools=[weather])
+        token = (await tenant.post("/tokens", json={"session_id": sid})).json()["token"]
+        fake.script(
+            items.message(items.tool_use("get_weather", {}, id="toolu_w")),
+            items.message("Sunny."),
+        )
+        async with server.client(token) as browser:
+            paused = await browser.post(f"/sessions/{sid}/messages", json={"content": "weather?"})
+            run = paused.json()["run"]
+            assert run["status"] == "requires_action"
+            events = await stream(
+                browser,
+                "POST",
+                f"/sessions/{sid}/runs/{run['id']}/tool_results",
+                json={"results": [{"tool_use_id": "toolu_w", "content": "sun"}], "stream": True},
+            )
+            assert names(events)[-1] == "run.completed"

@@ -71,6 +71,8 @@ async def test_request_rate_holds_across_replicas(database_url: str, engine: Asy
         assert refused.json()["type"] == "rate_limited"
         assert refused.json()["limit"] == "requests"
         assert 1 <= int(refused.headers["Retry-After"]) <= 60
+        metrics = (await b.get("/metrics")).text
+        assert 'parley_throttled_requests_total{limit="requests"}' in metrics
         # Another key of the same service has its own count.
         other_tenant, other_key = own_key()
         async with replicas(
@@ -154,6 +156,8 @@ async def test_budgets_refuse_posts_and_stop_runs(
         assert body["budget"] == "session"
         assert body["limit"] == 1
         assert body["used"] > 1
+        shown = (await a.get("/metrics")).text
+        assert 'parley_budget_refusals_total{scope="session",stage="post"}' in shown
         # Raising it lets the session go on.
         patched = await b.patch(f"/sessions/{sid}", json={"token_budget": 1_000_000})
         assert patched.status_code == 200

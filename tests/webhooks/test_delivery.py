@@ -159,5 +159,8 @@ async def test_every_event_once_across_replicas_and_an_outage(
             await until(resent)
         finally:
             await receiver.stop()
+        shown = (await a.get("/metrics")).text
+        assert 'parley_webhook_deliveries_total{event="run.completed",outcome="delivered"}' in shown
+        assert 'parley_webhook_deliveries_total{event="run.completed",outcome="retry"}' in shown
         assert (await a.delete(f"/webhooks/{hook['id']}")).status_code == 204
         assert (await a.get(f"/webhooks/{hook['id']}/deliveries")).status_code == 404
