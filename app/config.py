@@ -144,6 +144,8 @@ class Settings(BaseSettings):
     webhook_retry_max_seconds: float = Field(default=3600.0, gt=0)
     webhook_retry_window_seconds: float = Field(default=86400.0, gt=0)
     webhook_poll_seconds: float = Field(default=1.0, gt=0)
+    # Delivered and failed deliveries are deleted this long after they were created.
+    webhook_keep_seconds: float = Field(default=7 * 86400.0, gt=0)
     # Server secret: derives each tenant's secret for per-turn webhook URLs and signs
     # browser tokens. Without it neither is available.
     secret_key: SecretStr | None = Field(default=None, repr=False)

@@ -1,20 +1,11 @@
-"""Webhook URLs that must not be called (SSRF): refused at registration (422, nothing
-stored) and again when a delivery is sent."""
+"""Webhook URLs that must not be called (SSRF) are refused at registration: 422, nothing
+stored. (The check at send time: test_sender.py.)"""
 
 from __future__ import annotations
 
-import uuid
-from datetime import UTC, datetime
-
 import httpx
 import pytest
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.db import Database, make_engine
-from app.engine.webhooks.sender import Sender
-from app.models import WebhookDelivery, WebhookEndpoint
-from tests.conftest import make_settings
 from tests.runs.helpers import new_session
 
 REFUSED = [
@@ -71,51 +62,3 @@ async def test_turn_webhook_url_is_checked(api: httpx.AsyncClient) -> None:
     assert answer.json()["errors"][0]["loc"] == ["body", "webhook_url"]
     runs = (await api.get(f"/sessions/{sid}/runs")).json()["data"]
     assert runs == []
-
-
-async def test_sender_refuses_at_send_time(database_url: str, engine: AsyncEngine) -> None:
-    """Allowed when registered (an operator's allowlist, since removed): the sender checks
-    again and fails the delivery without calling it."""
-    settings = make_settings(database_url)
-    db = Database(make_engine(settings))
-    tenant = f"t-{uuid.uuid4().hex[:8]}"
-    try:
-        async with db.transaction() as tx:
-            endpoint = WebhookEndpoint(
-                tenant=tenant,
-                url="http://127.0.0.1:9/x",
-                events=["run.failed"],
-                secret="whsec_" + "A" * 32,
-            )
-            tx.add(endpoint)
-            await tx.flush()
-            delivery = WebhookDelivery(
-                tenant=tenant,
-                endpoint_id=endpoint.id,
-                url=endpoint.url,
-                event="run.failed",
-                payload="{}",
-                status="pending",
-                attempts=0,
-                next_attempt_at=datetime.now(UTC),
-            )
-            tx.add(delivery)
-        sender = Sender(db, settings)
-        try:
-            await sender.send_due()
-        finally:
-            await sender.aclose()
-        async with db.sessionmaker() as tx:
-            row = await tx.scalar(select(WebhookDelivery).where(WebhookDelivery.id == delivery.id))
-            assert row is not None
-            assert row.status == "failed"
-            assert row.attempts == 1
-            assert row.last_error is not None
-            assert row.last_error.startswith("refused")
-            assert row.last_status is None
-            await tx.execute(
-                WebhookEndpoint.__table__.delete().where(WebhookEndpoint.tenant == tenant)  # type: ignore[attr-defined]
-            )
-            await tx.commit()
-    finally:
-        await db.dispose()

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import Row, select, update
+from sqlalchemy import Row, delete, select, update
 
 from app import metrics
 from app.config import Settings
@@ -31,6 +32,7 @@ log = logging.getLogger("parley.webhooks")
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 CLAIM_BATCH = 20
 ERROR_CHARS = 500
+PRUNE_EVERY_SECONDS = 3600.0
 
 
 def now() -> datetime:
@@ -52,14 +54,29 @@ class Sender:
         )
 
     async def loop(self) -> None:
+        pruned_at = 0.0
         while True:
             try:
+                if time.monotonic() - pruned_at > PRUNE_EVERY_SECONDS:
+                    pruned_at = time.monotonic()
+                    await self.prune()
                 sent = await self.send_due()
             except Exception:
                 log.exception("webhook sender failed")
                 sent = 0
             if sent < CLAIM_BATCH:
                 await asyncio.sleep(self.settings.webhook_poll_seconds)
+
+    async def prune(self) -> int:
+        """Delete settled deliveries older than PARLEY_WEBHOOK_KEEP_SECONDS."""
+        cutoff = now() - timedelta(seconds=self.settings.webhook_keep_seconds)
+        async with self.db.transaction() as db:
+            result = await db.execute(
+                delete(deliveries_t).where(
+                    deliveries_t.c.status != PENDING, deliveries_t.c.created_at < cutoff
+                )
+            )
+        return int(result.rowcount)  # type: ignore[attr-defined]
 
     async def aclose(self) -> None:
         await self.client.aclose()
