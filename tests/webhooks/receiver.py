@@ -35,6 +35,10 @@ class Receiver:
     secrets: dict[str, str] = field(default_factory=dict)
     received: list[Received] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)
+    arrivals: list[str] = field(default_factory=list)  # webhook-id of every request
+    # While set, the first request is held unanswered until `release` is set.
+    hold_first: bool = False
+    release: asyncio.Event = field(default_factory=asyncio.Event)
     answer: Callable[[Received], int] = lambda _: 200
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
@@ -51,6 +55,10 @@ class Receiver:
             self.rejected.append(f"{path}: {exc}")
             return Response(status_code=401)
         item = Received(request.headers["webhook-id"], path, body)
+        self.arrivals.append(item.msg_id)
+        if self.hold_first and len(self.arrivals) == 1:
+            await self.release.wait()
+            return Response(status_code=503)
         status = self.answer(item)
         if status < 300:
             self.received.append(item)
@@ -67,6 +75,7 @@ class Receiver:
             await asyncio.sleep(0.01)
 
     async def stop(self) -> None:
+        self.release.set()
         if self._server is not None and self._task is not None:
             self._server.should_exit = True
             with contextlib.suppress(asyncio.CancelledError):

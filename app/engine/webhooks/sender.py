@@ -2,10 +2,11 @@
 records the outcome.
 
 A claim is a short transaction that moves each delivery's `next_attempt_at` past the
-send's timeout and counts the attempt (`FOR UPDATE SKIP LOCKED` on Postgres, so replicas
-take different rows); no transaction is held across the HTTP call. A replica that dies
-mid-send leaves the delivery due again once that lease passes: delivery is at least once,
-and receivers drop repeats by `webhook-id` (the delivery id, the same on every attempt).
+send's end (twice the timeout) and counts the attempt (`FOR UPDATE SKIP LOCKED` on
+Postgres, so replicas take different rows); no transaction is held across the HTTP
+call. A replica that dies mid-send leaves the delivery due again once that lease passes:
+delivery is at least once, and receivers drop repeats by `webhook-id` (the delivery id,
+the same on every attempt).
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ class Sender:
 
     async def claim(self) -> tuple[list[Row[Any]], dict[uuid.UUID | None, str]]:
         at = now()
-        lease = at + timedelta(seconds=self.settings.webhook_timeout_seconds + 30)
+        # Past any send's end (connect and read each within the timeout), so only a
+        # replica that died mid-send leaves a claimed row to be taken again.
+        lease = at + timedelta(seconds=2 * self.settings.webhook_timeout_seconds + 1)
         due = (
             select(deliveries_t.c.id)
             .where(deliveries_t.c.status == PENDING, deliveries_t.c.next_attempt_at <= at)
