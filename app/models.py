@@ -273,6 +273,8 @@ class WebhookDelivery(Base):
         ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
     )
     url: Mapped[str] = mapped_column(String(2000))
+    run_id: Mapped[UUID | None] = mapped_column(Uuid)  # the run reported (no foreign key:
+    # a delivery outlives its session)
     event: Mapped[str] = mapped_column(String(64))
     # The exact JSON body that is signed and sent.
     payload: Mapped[str] = mapped_column(Text)
@@ -287,6 +289,7 @@ class WebhookDelivery(Base):
     __table_args__ = (
         Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
         Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at", "id"),
+        Index("ix_webhook_deliveries_run", "run_id"),
     )
 
 

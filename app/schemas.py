@@ -439,6 +439,9 @@ class WebhookCreated(WebhookOut):
 
 class WebhookDeliveryOut(BaseModel):
     id: UUID = Field(description="Also the `webhook-id` header of every attempt")
+    endpoint_id: UUID | None = Field(description="None: a turn's own webhook_url")
+    url: str
+    run_id: UUID | None
     event: WebhookEvent
     status: Literal["pending", "delivered", "failed"]
     attempts: int

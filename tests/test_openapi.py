@@ -56,6 +56,8 @@ def test_contract_routes_are_documented() -> None:
         ("get", "/webhooks/{webhook_id}/deliveries"),
         ("post", "/webhooks/{webhook_id}/deliveries/{delivery_id}/redeliver"),
         ("get", "/webhooks/turn_secret"),
+        ("get", "/webhooks/deliveries"),
+        ("post", "/webhooks/deliveries/{delivery_id}/redeliver"),
         ("get", "/usage"),
         ("post", "/tokens"),
         ("get", "/healthz"),

@@ -33,6 +33,9 @@ def delivery_out(delivery: WebhookDelivery) -> WebhookDeliveryOut:
     pending = delivery.status == "pending"
     return WebhookDeliveryOut(
         id=delivery.id,
+        endpoint_id=delivery.endpoint_id,
+        url=delivery.url,
+        run_id=delivery.run_id,
         event=delivery.event,
         status=delivery.status,
         attempts=delivery.attempts,
@@ -72,6 +75,23 @@ async def turn_secret(tenant: TenantDep, settings: SettingsDep) -> TurnSecretOut
     return TurnSecretOut(secret=signing.turn_secret(settings.secret_key.get_secret_value(), tenant))
 
 
+@router.get("/deliveries", summary="List a run's deliveries")
+async def run_deliveries(
+    run_id: uuid.UUID, db: DbDep, tenant: TenantDep
+) -> Page[WebhookDeliveryOut]:
+    """Every delivery reporting run `run_id`, to the tenant's endpoints and to the turn's
+    own `webhook_url`, oldest first (empty for a run with none, or not the tenant's)."""
+    rows = await endpoints.for_run(db, tenant, run_id)
+    return Page[WebhookDeliveryOut](data=[delivery_out(d) for d in rows])
+
+
+@router.post("/deliveries/{delivery_id}/redeliver", summary="Redeliver any delivery")
+async def redeliver_any(delivery_id: uuid.UUID, db: DbDep, tenant: TenantDep) -> WebhookDeliveryOut:
+    """Like the endpoint's redeliver, for any of the tenant's deliveries (a turn's own
+    `webhook_url` included). 404 when it is not the tenant's."""
+    return delivery_out(await endpoints.redeliver(db, tenant, delivery_id))
+
+
 @router.delete("/{webhook_id}", status_code=204, summary="Delete a webhook")
 async def delete_webhook(webhook_id: uuid.UUID, db: DbDep, tenant: TenantDep) -> Response:
     """Stop telling this URL; its deliveries not yet sent are dropped. 404 when the tenant
@@ -100,4 +120,4 @@ async def redeliver(
 ) -> WebhookDeliveryOut:
     """Send a delivery again now (delivered or failed), with the same `webhook-id`, and
     retry it as a new one. 404 when it is not this webhook's."""
-    return delivery_out(await endpoints.redeliver(db, tenant, webhook_id, delivery_id))
+    return delivery_out(await endpoints.redeliver(db, tenant, delivery_id, webhook_id))

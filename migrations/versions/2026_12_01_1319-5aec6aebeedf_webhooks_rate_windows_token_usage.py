@@ -61,6 +61,7 @@ def upgrade() -> None:
         sa.Column("tenant", sa.String(length=200), nullable=False),
         sa.Column("endpoint_id", sa.Uuid(), nullable=True),
         sa.Column("url", sa.String(length=2000), nullable=False),
+        sa.Column("run_id", sa.Uuid(), nullable=True),
         sa.Column("event", sa.String(length=64), nullable=False),
         sa.Column("payload", sa.Text(), nullable=False),
         sa.Column("status", sa.String(length=16), nullable=False),
@@ -85,6 +86,7 @@ def upgrade() -> None:
         batch_op.create_index(
             "ix_webhook_deliveries_endpoint", ["endpoint_id", "created_at", "id"], unique=False
         )
+        batch_op.create_index("ix_webhook_deliveries_run", ["run_id"], unique=False)
 
     with op.batch_alter_table("agent_sessions", schema=None) as batch_op:
         batch_op.add_column(sa.Column("token_budget", sa.BigInteger(), nullable=True))
@@ -95,6 +97,7 @@ def downgrade() -> None:
         batch_op.drop_column("token_budget")
 
     with op.batch_alter_table("webhook_deliveries", schema=None) as batch_op:
+        batch_op.drop_index("ix_webhook_deliveries_run")
         batch_op.drop_index("ix_webhook_deliveries_endpoint")
         batch_op.drop_index("ix_webhook_deliveries_due")
 

@@ -140,21 +140,33 @@ async def test_every_event_once_across_replicas_and_an_outage(
         assert len(ids) == len(set(ids))
         run2 = posted.json()["id"]
         assert receiver.events("turn") == [(run2, "run.failed")]
+        of_run = (await a.get("/webhooks/deliveries", params={"run_id": run2})).json()["data"]
+        assert {(d["endpoint_id"], d["status"]) for d in of_run} == {
+            (hook["id"], "delivered"),
+            (None, "delivered"),
+        }
         body = next(r.body for r in receiver.received if r.path == "turn")
         assert body["session_id"] == s2
         assert body["data"]["error"]["type"] == "upstream_error"
 
-        # Redeliver sends the same message again, with the same webhook-id.
+        # Redeliver sends the same message again, with the same webhook-id: an endpoint's
+        # (by its route) and a turn's own (by the tenant-wide route).
         first = (await a.get(f"/webhooks/{hook['id']}/deliveries", params={"limit": 1})).json()
         delivery = first["data"][0]
+        own = next(d for d in of_run if d["endpoint_id"] is None)
         await receiver.start()
         try:
             again = await a.post(f"/webhooks/{hook['id']}/deliveries/{delivery['id']}/redeliver")
             assert again.status_code == 200
             assert again.json()["status"] == "pending"
+            assert (await b.post(f"/webhooks/deliveries/{own['id']}/redeliver")).status_code == 200
+            # Not through another endpoint's route.
+            wrong = await a.post(f"/webhooks/{hook['id']}/deliveries/{own['id']}/redeliver")
+            assert wrong.status_code == 404
 
             async def resent() -> bool:
-                return sum(r.msg_id == delivery["id"] for r in receiver.received) == 2
+                ids = [r.msg_id for r in receiver.received]
+                return ids.count(delivery["id"]) == 2 and ids.count(own["id"]) == 2
 
             await until(resent)
         finally:

@@ -30,7 +30,7 @@ async def test_registration_refuses_internal_addresses(api: httpx.AsyncClient, u
     answer = await api.post("/webhooks", json={"url": url, "events": ["run.completed"]})
     assert answer.status_code == 422, answer.text
     assert answer.json()["errors"][0]["loc"] == ["body", "url"]
-    assert (await api.get("/webhooks")).json()["data"] == []
+    assert url not in [h["url"] for h in (await api.get("/webhooks")).json()["data"]]
 
 
 async def test_public_address_registers_and_bad_events_are_refused(api: httpx.AsyncClient) -> None:

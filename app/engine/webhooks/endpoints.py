@@ -101,15 +101,33 @@ async def deliveries(
     return page(rows, limit, lambda d: (d.created_at, d.id))
 
 
+async def for_run(db: AsyncSession, tenant: str, run_id: uuid.UUID) -> list[WebhookDelivery]:
+    """The tenant's deliveries reporting a run (to endpoints and its own `webhook_url`),
+    oldest first."""
+    return list(
+        await db.scalars(
+            select(WebhookDelivery)
+            .where(WebhookDelivery.run_id == run_id, WebhookDelivery.tenant == tenant)
+            .order_by(WebhookDelivery.created_at, WebhookDelivery.id)
+        )
+    )
+
+
 async def redeliver(
-    db: AsyncSession, tenant: str, endpoint_id: uuid.UUID, delivery_id: uuid.UUID
+    db: AsyncSession, tenant: str, delivery_id: uuid.UUID, endpoint_id: uuid.UUID | None = None
 ) -> WebhookDelivery:
     """Make a delivery due now, whatever its outcome so far (same `webhook-id`: a
-    receiver that already has it may drop it). Its retries start a new window."""
-    await get(db, tenant, endpoint_id)
+    receiver that already has it may drop it). Its retries start a new window. With
+    `endpoint_id`, only a delivery of that endpoint."""
+    if endpoint_id is not None:
+        await get(db, tenant, endpoint_id)
     delivery = await db.get(WebhookDelivery, delivery_id)
-    if delivery is None or delivery.endpoint_id != endpoint_id:
-        raise NotFound(f"Delivery {delivery_id} not found for webhook {endpoint_id}")
+    if (
+        delivery is None
+        or delivery.tenant != tenant
+        or (endpoint_id is not None and delivery.endpoint_id != endpoint_id)
+    ):
+        raise NotFound(f"Delivery {delivery_id} not found")
     at = datetime.now(UTC)
     await db.execute(
         update(WebhookDelivery)

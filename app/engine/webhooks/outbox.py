@@ -95,6 +95,7 @@ async def enqueue(db: AsyncSession, run_id: uuid.UUID, events: Iterable[tuple[st
                 "tenant": tenant,
                 "endpoint_id": endpoint_id,
                 "url": url,
+                "run_id": run_id,
                 "event": name,
                 "payload": body,
                 "status": "pending",
