@@ -410,3 +410,21 @@ async def test_a_discarded_partial_reply_gives_way_to_the_retry(
     samples: list[str] = await ui.page.evaluate("window.__samples")
     assert any(sample.startswith("partial") for sample in samples), samples
     assert not any("partial" in sample and "whole" in sample for sample in samples), samples
+
+
+async def test_a_browser_token_opens_its_session(playground: Playground) -> None:
+    """A page given a browser token instead of the tenant's key opens the token's session
+    (it may not list the others) and talks there."""
+    ui = playground
+    async with ui.api() as api:
+        sid = (await api.post("/sessions", json={"title": "Token chat"})).json()["id"]
+        minted = await api.post("/tokens", json={"session_id": sid})
+        token = minted.json()["token"]
+    key = ui.page.get_by_label("API key")
+    await key.fill(token)
+    await key.press("Enter")
+    await expect(ui.page.get_by_role("heading", name="Token chat", exact=True)).to_be_visible()
+    assert await ui.session_id() == sid
+    await ui.send("Hello through a token")
+    await expect(ui.messages("Assistant").last).to_contain_text(ECHO + "Hello through a token")
+    await ui.shot("token-chat")
