@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 from sqlalchemy import JSON, Dialect, MetaData, String, TypeDecorator, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import (
     AsyncEngine,
@@ -33,6 +34,55 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+# SQLSTATEs of a server that cannot serve now: connection exceptions (class 08), shutting
+# down or starting up (57P01-57P03), too many connections (53300).
+_TRANSIENT_SQLSTATES = ("08", "57P01", "57P02", "57P03", "53300")
+
+
+# Text Postgres cannot hold: a NUL in text (22021) or in JSON (22P05, `\u0000`).
+_UNSTORABLE_TEXT_SQLSTATES = frozenset({"22021", "22P05"})
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    driver = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    sqlstate = getattr(driver, "sqlstate", None)
+    return sqlstate if isinstance(sqlstate, str) else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failure says the database cannot be reached now (refused, lost,
+    restarting, no pooled connection free) rather than that a statement is wrong: the
+    same work may succeed when it is tried again. Follows the chain of causes, since
+    drivers and frameworks wrap what they catch."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _says_unreachable(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _says_unreachable(exc: BaseException) -> bool:
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool had no connection in time
+        return True
+    if isinstance(exc, sa_exc.DBAPIError) and (
+        exc.connection_invalidated
+        or isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError))
+    ):
+        return True
+    sqlstate = _sqlstate(exc)
+    if sqlstate is not None and sqlstate.startswith(_TRANSIENT_SQLSTATES):
+        return True
+    # A refused or timed-out connect comes from the driver unwrapped.
+    return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def is_unstorable_text(exc: BaseException) -> bool:
+    """Whether Postgres refused a value for holding a NUL character (which a client can
+    send as `\u0000` in JSON): the request's fault, not the service's."""
+    return _sqlstate(exc) in _UNSTORABLE_TEXT_SQLSTATES
+
 
 # JSONB on Postgres (indexable, compact), plain JSON text on SQLite.
 JSONType = JSON().with_variant(JSONB(), "postgresql")
@@ -166,37 +216,3 @@ class Database:
 
     async def dispose(self) -> None:
         await self.engine.dispose()
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Whether a database error is the kind that goes away (the server restarting, a
-    dropped connection, a failover), as opposed to a bug or a constraint."""
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, DBAPIError) and (
-            seen.connection_invalidated or isinstance(seen, (OperationalError, InterfaceError))
-        ):
-            return True
-        if isinstance(seen, (OSError, ConnectionError, TimeoutError)):
-            return True
-        if (
-            type(seen).__module__.startswith("asyncpg")
-            and type(seen).__name__ in _ASYNCPG_TRANSIENT
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-_ASYNCPG_TRANSIENT = frozenset(
-    {
-        "ConnectionDoesNotExistError",
-        "CannotConnectNowError",
-        "AdminShutdownError",
-        "CrashShutdownError",
-        "ConnectionFailureError",
-        "TooManyConnectionsError",
-    }
-)

@@ -7,7 +7,7 @@ sessions (branches, boundaries, realistic content of ~200-2,000 characters, rows
 concurrent sessions interleaved in the heap as they would be in production) and one
 session with a 10,000-message chain. Rows are bulk-loaded with COPY.
 
-`store.chain_rows(db, head, full=False|True)` is then timed on both databases in one
+`store.chain(db, head, full=False|True)` is then timed on both databases in one
 interleaved loop (small, large, small, large, ...: warm, median of the repetitions),
 so the ratio large/small is measured under the same machine load. EXPLAIN (ANALYZE)
 of the captured SQL shows how Postgres walks the chain.
@@ -548,7 +548,7 @@ async def time_chain(target: Target) -> float:
     async with target.maker() as db:
         await db.execute(text("SELECT 1"))  # checkout and BEGIN are not the chain's cost
         start = time.perf_counter()
-        rows = await store.chain_rows(db, target.head, full=target.full)
+        rows = await store.chain(db, target.head, full=target.full)
         elapsed = time.perf_counter() - start
     if len(rows) != target.expected:
         raise RuntimeError(f"{target.label}: {len(rows)} rows, expected {target.expected}")
@@ -566,7 +566,7 @@ async def measure(targets: Sequence[Target], reps: int, warmup: int = 3) -> None
 
 
 async def explain(engine: AsyncEngine, head: uuid.UUID, *, full: bool) -> list[str]:
-    """EXPLAIN (ANALYZE, BUFFERS) of the exact SQL that chain_rows sends."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the exact SQL that store.chain sends."""
     captured: list[tuple[str, Any]] = []
 
     def capture(_conn: Any, _cursor: Any, statement: str, params: Any, *_: Any) -> None:
@@ -576,7 +576,7 @@ async def explain(engine: AsyncEngine, head: uuid.UUID, *, full: bool) -> list[s
     event.listen(engine.sync_engine, "before_cursor_execute", capture)
     try:
         async with maker() as db:
-            await store.chain_rows(db, head, full=full)
+            await store.chain(db, head, full=full)
     finally:
         event.remove(engine.sync_engine, "before_cursor_execute", capture)
     statement, params = captured[-1]

@@ -8,6 +8,7 @@ import os
 import random
 import statistics
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,9 +19,23 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.config import normalize_database_url
+from app.conversation.records import MessageRecord, new_message
 
 DEFAULT_SERVER = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# Real transcripts for the workloads: a folder laid out as the public corpus it was taken
+# from (entireio-cli/<shard>/<id>/<n>/full.jsonl, vscode-copilot-chat/fixtures/*.jsonl, ...).
+TRANSCRIPTS_ENV = "PARLEY_TRANSCRIPTS"
+
+
+def transcripts_folder(given: Path | None) -> Path:
+    """--data, else the folder PARLEY_TRANSCRIPTS names; exits with a hint when neither is set."""
+    folder = given or (
+        Path(os.environ[TRANSCRIPTS_ENV]) if os.environ.get(TRANSCRIPTS_ENV) else None
+    )
+    if folder is None or not folder.is_dir():
+        raise SystemExit(f"no transcripts folder: pass --data DIR or set {TRANSCRIPTS_ENV}")
+    return folder.resolve()
 
 
 # --- scratch databases -----------------------------------------------------------------
@@ -185,3 +200,26 @@ class TextFactory:
             if self.rng.random() < 0.15:
                 parts.append("\n\n")
         return " ".join(parts)[:target].strip() or "ok"
+
+
+# --- seeding ------------------------------------------------------------------------
+
+
+def records_of(session_id: uuid.UUID, specs: Sequence[dict[str, Any]]) -> list[MessageRecord]:
+    """The specs as messages to append (each names its parent)."""
+    return [
+        new_message(
+            session_id=session_id,
+            uuid_=spec["message_uuid"],
+            parent_uuid=spec["parent_uuid"],
+            logical_parent_uuid=spec.get("logical_parent_uuid"),
+            type=spec["type"],
+            subtype=spec.get("subtype"),
+            role=spec["role"],
+            content=spec["content"],
+            model=spec.get("model"),
+            stop_reason=spec.get("stop_reason"),
+            metadata=spec.get("meta"),
+        )
+        for spec in specs
+    ]

@@ -59,8 +59,7 @@ replaced by the fake's own (it verifies them; a signature is never counted as to
     uv run python -m bench compaction [--part 1,2,...] [--quick] [--no-save]
         [--data DIR] [--cache-threshold N] [--profile FILE] [--profile-parley FILE]
 
-The transcripts are read from --data, else from the folder PARLEY_BENCH_TRANSCRIPTS
-names, else from `shared/data/transcripts` beside the repository's parent folder.
+The transcripts are read from --data, else from the folder PARLEY_TRANSCRIPTS names.
 """
 
 from __future__ import annotations
@@ -121,7 +120,7 @@ from app.context.tools import BUILTIN_TOOLS, compactable_tools
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY, Block, Node
 from app.conversation import sessions, store
 from app.conversation.files import DbWorkspace
-from app.conversation.records import MessageRecord, new_message
+from app.conversation.records import MessageRecord
 from app.conversation.views import ChainCache, load_view
 from app.db import Database, make_engine
 from app.domain import CompactionOutcome, CompactionTrigger
@@ -142,10 +141,12 @@ from bench.common import (
     percentile,
     plain_dsn,
     ratio,
+    records_of,
     save_results,
     scratch_database,
     section,
     table,
+    transcripts_folder,
     verdict,
 )
 from bench.procs import Child, parley_env, spawn, start_parley
@@ -166,12 +167,6 @@ TARGETS = {
     "after_median": 0.05,  # part 7: |estimate after compaction / next request - 1|
     "after_worst": 0.15,
 }
-# The transcripts: --data, else PARLEY_BENCH_TRANSCRIPTS, else a `shared/data/transcripts`
-# folder beside the repository's parent.
-DEFAULT_DATA = Path(
-    os.environ.get("PARLEY_BENCH_TRANSCRIPTS")
-    or Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts"
-)
 TRANSCRIPTS = ("entireio-cli/*/*/*/full.jsonl", "vscode-copilot-chat/fixtures/*.jsonl")
 FAKE_CONFIG: dict[str, Any] = {"record_bodies": False, "max_context_tokens": 10_000_000}
 PARTS = {
@@ -347,26 +342,6 @@ def chain_specs(
         specs.append(spec)
         parent = node
     return specs
-
-
-def records_of(session_id: uuid.UUID, specs: Sequence[dict[str, Any]]) -> list[MessageRecord]:
-    """The specs as messages to append (each names its parent)."""
-    return [
-        new_message(
-            session_id=session_id,
-            uuid_=spec["message_uuid"],
-            parent_uuid=spec["parent_uuid"],
-            logical_parent_uuid=spec.get("logical_parent_uuid"),
-            type=spec["type"],
-            subtype=spec.get("subtype"),
-            role=spec["role"],
-            content=spec["content"],
-            model=spec.get("model"),
-            stop_reason=spec.get("stop_reason"),
-            metadata=spec.get("meta"),
-        )
-        for spec in specs
-    ]
 
 
 def summary_spec(parent: uuid.UUID | None, summary: str) -> dict[str, Any]:
@@ -2045,7 +2020,9 @@ async def run(args: argparse.Namespace, parts: Sequence[int]) -> int:
         db = Database(engine)
         stack.push_async_callback(db.dispose)
         log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-compaction-")))
-        h = Harness(stack, plan, args.data.resolve(), db_url, db, log_dir, args.profile_parley)
+        h = Harness(
+            stack, plan, transcripts_folder(args.data), db_url, db, log_dir, args.profile_parley
+        )
         try:
             results = await run_parts(h, parts, args.profile)
         except Exception:
@@ -2112,8 +2089,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--data",
         type=Path,
-        default=DEFAULT_DATA,
-        help="transcripts folder (default: PARLEY_BENCH_TRANSCRIPTS)",
+        help="transcripts folder (default: PARLEY_TRANSCRIPTS)",
     )
     parser.add_argument("--cache-threshold", type=int, help="part 5: threshold_tokens")
     parser.add_argument("--profile", type=Path, help="part 4: cProfile one compact() to FILE")

@@ -42,9 +42,8 @@ from typing import Any
 from app.context import tokens
 from app.context.tokens import estimate_content
 from app.context.types import Block
-from bench.common import median, percentile, save_results, section, table
+from bench.common import median, percentile, save_results, section, table, transcripts_folder
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "transcripts"
 PATTERNS = (
     "entireio-cli/*/*/*/full.jsonl",
     "vscode-copilot-chat/fixtures/**/*.jsonl",
@@ -540,8 +539,10 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="transcripts folder")
+    parser.add_argument(
+        "--data", type=Path, help="transcripts folder (default: PARLEY_TRANSCRIPTS)"
+    )
     parser.add_argument("--quick", action="store_true", help="same as a full run (it is fast)")
     parser.add_argument("--no-save", action="store_true", help="no JSON in bench/results/")
     args = parser.parse_args(argv)
-    return run(args.data.resolve(), save=not args.no_save)
+    return run(transcripts_folder(args.data), save=not args.no_save)

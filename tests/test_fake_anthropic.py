@@ -544,6 +544,28 @@ INVALID_CASES = [
         "messages: final assistant content cannot end with trailing whitespace",
         id="prefill-trailing-space",
     ),
+    pytest.param(
+        {
+            "messages": [
+                user(
+                    [
+                        {"type": "text", "text": "look"},
+                        {
+                            "type": "image",
+                            "source": {
+                                "type": "base64",
+                                "media_type": "image/png",
+                                "data": "R0lGODlhAQABAAAAACw=",  # a GIF's first bytes
+                            },
+                        },
+                    ]
+                )
+            ]
+        },
+        "messages.0.content.1.image.source.base64: The image was specified using the "
+        "image/png media type, but does not appear to be a valid png image",
+        id="image-not-its-media-type",
+    ),
 ]
 
 

@@ -18,7 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import metrics
-from app.api.problems import PROBLEM_JSON, TOO_LARGE_TITLE, problem
+from app.api.problems import PROBLEM_JSON, TOO_LARGE_TITLE, last_resort, problem
 from app.logs import request_id_var
 
 log = logging.getLogger("parley.http")
@@ -35,8 +35,8 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RequestContextMiddleware:
-    """X-Request-Id on every answer, request metrics, and a problem+json 500 (no trace)
-    for anything that escaped the exception handlers."""
+    """X-Request-Id on every answer, request metrics, and a problem+json answer (no
+    trace; `problems.last_resort`) for anything that escaped the exception handlers."""
 
     def __init__(self, app: ASGIApp, route_name: Callable[[Scope], str]) -> None:
         self.app = app
@@ -66,24 +66,23 @@ class RequestContextMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
-        except Exception:
-            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+        except Exception as exc:
+            status, problem_body, headers = last_resort(exc)
+            if status == 500:
+                log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            else:
+                method, path = scope.get("method"), scope.get("path")
+                log.warning("%s on %s %s: %r", problem_body["type"], method, path, exc)
             if not status_holder["started"]:
-                body = json.dumps(
-                    {
-                        "type": "internal",
-                        "title": "Internal error",
-                        "status": 500,
-                        "detail": "An unexpected error occurred",
-                    }
-                ).encode()
+                body = json.dumps(problem_body).encode()
                 await send_with_id(
                     {
                         "type": "http.response.start",
-                        "status": 500,
+                        "status": status,
                         "headers": [
                             (b"content-type", PROBLEM_JSON.encode()),
                             (b"content-length", str(len(body)).encode()),
+                            *((k.lower().encode(), v.encode()) for k, v in headers.items()),
                         ],
                     }
                 )

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from app import metrics
 from app.api.deps import RuntimeDep
-from app.api.problems import PROBLEM_JSON
+from app.api.problems import RETRY_AFTER_SECONDS, problem_response
 from app.migrate import current_revision
 from app.schemas import Health
 
@@ -48,8 +48,13 @@ async def readyz(runtime: RuntimeDep) -> Response:
 
 
 def _unready(detail: str) -> Response:
-    body = {"type": "unavailable", "title": "Service unavailable", "status": 503, "detail": detail}
-    return JSONResponse(body, status_code=503, media_type=PROBLEM_JSON)
+    return problem_response(
+        503,
+        "unavailable",
+        "Service unavailable",
+        detail,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+    )
 
 
 @router.get("/metrics", response_class=Response, summary="Get metrics")

@@ -2,7 +2,10 @@
 
 The one place where domain errors (`app.errors`) and framework errors (unknown routes,
 bad JSON, validation, the streamed body limit) become HTTP answers. Anything else that
-escapes is a 500 problem without a trace, rendered by `middleware.RequestContextMiddleware`.
+escapes is rendered by `middleware.RequestContextMiddleware` as `last_resort` says: 503
+`unavailable` with `Retry-After` when the database cannot be reached now (the request
+may be repeated as it is), 422 when Postgres refused the request's text (a NUL), else a
+500 problem without a trace.
 """
 
 from __future__ import annotations
@@ -15,18 +18,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from app.db import is_transient, is_unstorable_text
 from app.errors import (
+    BudgetExceeded,
     Conflict,
     DomainError,
+    Forbidden,
     Invalid,
     NoGain,
     NotFound,
+    RateLimited,
     Unauthorized,
     Unavailable,
     UpstreamFailed,
 )
 
 PROBLEM_JSON = "application/problem+json"
+# What a 503 asks a client to wait before it repeats the request.
+RETRY_AFTER_SECONDS = 2
 
 # status, problem type and title of each domain error
 DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
@@ -34,9 +43,12 @@ DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
     NoGain: (422, "nothing_to_gain", "Nothing to gain"),
     Invalid: (422, "invalid_request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Unauthorized"),
+    Forbidden: (403, "forbidden", "Forbidden"),
     NotFound: (404, "not_found", "Not found"),
     Conflict: (409, "conflict", "Conflict"),
     UpstreamFailed: (502, "upstream_error", "Model API failed"),
+    RateLimited: (429, "rate_limited", "Too many requests"),
+    BudgetExceeded: (429, "budget_exceeded", "Token budget exceeded"),
     Unavailable: (503, "unavailable", "Service unavailable"),
 }
 
@@ -78,11 +90,36 @@ def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
     return status, problem(status, slug, title, exc.detail, **extra)
 
 
+def _headers_for(status: int, exc: BaseException) -> dict[str, str] | None:
+    if isinstance(exc, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, RateLimited):
+        return {"Retry-After": str(exc.retry_after)}
+    if status == 503:
+        return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+    return None
+
+
 async def _on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     status, body = domain_problem(exc)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
+    headers = _headers_for(status, exc)
     return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+
+
+def last_resort(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """The answer to an exception no handler took: its status, problem document and
+    headers."""
+    if is_transient(exc):
+        unavailable = Unavailable("The database cannot be reached right now; retry shortly")
+        status, body = domain_problem(unavailable)
+        return status, body, _headers_for(status, unavailable) or {}
+    if is_unstorable_text(exc):  # the transaction rolled back: nothing was stored
+        status, body = domain_problem(
+            Invalid("The request holds a NUL character (\\u0000), which cannot be stored")
+        )
+        return status, body, {}
+    return 500, problem(500, "internal", "Internal error", "An unexpected error occurred"), {}
 
 
 async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:

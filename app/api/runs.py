@@ -6,28 +6,44 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.api.deps import DbDep, RuntimeDep, SessionDep
+from app.api.deps import DbDep, RuntimeDep, SessionDep, count_turn
 from app.conversation.payloads import run_out
 from app.engine import runs
 from app.engine.admission import request_hash
+from app.engine.webhooks import endpoints
 from app.errors import Invalid
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", max_length=255)]
+# 1 to 255 visible ASCII characters (RFC 9110 VCHAR); anything else is a 422 naming the
+# header, never a key stored as sent.
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$"),
+]
 TURN_RESPONSES = {
     **SSE_RESPONSES,
     200: {**SSE_RESPONSES[200], "model": TurnResult},
     202: {"model": RunOut, "description": "Started in the background"},
     409: {"description": "The session has an active run (if_busy=reject)"},
+    429: {
+        "description": "rate_limited (with Retry-After: the key's turns per minute or the "
+        "tenant's running runs) or budget_exceeded (a token budget is used up)"
+    },
 }
 
 
-@router.post("/messages", responses=TURN_RESPONSES, response_model=None, summary="Post a turn")
+@router.post(
+    "/messages",
+    responses=TURN_RESPONSES,
+    response_model=None,
+    dependencies=[Depends(count_turn)],
+    summary="Post a turn",
+)
 async def post_turn(
     body: TurnIn,
     request: Request,
@@ -41,9 +57,11 @@ async def post_turn(
     with the run (`background: true`), or by default 200 with the run and its messages
     once it settles. While a run is active, `if_busy` rejects (409), enqueues or
     interrupts; a repeated `Idempotency-Key` answers with the same run (422 if the body
-    differs)."""
+    differs). `webhook_url` is told of this run's events too (422 when refused)."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+    if body.webhook_url is not None:
+        await endpoints.check_turn_url(runtime.settings, body.webhook_url)
     run = await runtime.admission.post_turn(
         db,
         session,
@@ -52,6 +70,7 @@ async def post_turn(
         if_busy=body.if_busy,
         idempotency_key=idempotency_key,
         digest=digest,
+        webhook_url=body.webhook_url,
     )
     return deliver(runtime, run, mode)
 
@@ -60,6 +79,7 @@ async def post_turn(
     "/messages/{message_uuid}/regenerate",
     responses=TURN_RESPONSES,
     response_model=None,
+    dependencies=[Depends(count_turn)],
     summary="Regenerate a reply",
 )
 async def regenerate(
@@ -69,13 +89,17 @@ async def regenerate(
     session: SessionDep,
     db: DbDep,
     runtime: RuntimeDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """A new assistant reply to the parent of assistant message `message_uuid`, as its
     sibling (the old reply stays in the tree) and the new head; delivered like a posted
     turn. 422 for a message that is not an assistant reply with a parent; 409 while a run
-    is active."""
+    is active. A repeated `Idempotency-Key` answers with the same run, as for a post."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    run = await runtime.admission.regenerate(db, session, message_uuid)
+    digest = request_hash({"regenerate": str(message_uuid)})
+    run = await runtime.admission.regenerate(
+        db, session, message_uuid, idempotency_key=idempotency_key, digest=digest
+    )
     return deliver(runtime, run, mode)
 
 
@@ -155,10 +179,11 @@ async def submit_tool_results(
     runtime: RuntimeDep,
 ) -> Response:
     """Answer the client tool calls of a run in `requires_action` (exactly the pending ones)
-    and resume it; delivered like a posted turn. 409 when the run is not waiting for tool
-    results; 422 when the results do not match the pending calls."""
+    and resume it; delivered like a posted turn. Accepted once: the same body again
+    answers as the first post did; other results for the same calls are a 409, as is a
+    run that is not waiting for tool results; 422 when the results do not match the
+    pending calls."""
     run = await runs.load(db, session.id, run_id)
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    after_seq = run.last_event_seq
-    message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
+    after_seq, message_seq = await runtime.admission.submit_tool_results(db, session, run, body)
     return deliver(runtime, run, mode, after_seq=after_seq, messages_from=message_seq)

@@ -23,6 +23,7 @@ COMPACT_BOUNDARY = "compact_boundary"
 COMPACT_SUMMARY = "compact_summary"
 API_ERROR = "api_error"
 INTERRUPTED = "interrupted"
+REFUSED = "refused"  # the user message of a turn the model API refused (off the chain)
 
 CLEARED_TOOL_RESULT = "[Old tool result content cleared]"
 

@@ -97,6 +97,20 @@ async def get_message(
     return MessageRecord.from_row(row) if row is not None else None
 
 
+async def mark(
+    db: AsyncSession, session_id: uuid.UUID, message_uuid: uuid.UUID, subtype: str
+) -> tuple[bool, uuid.UUID | None]:
+    """Set a message's subtype: whether it exists, and its parent."""
+    result = await db.execute(
+        update(messages_t)
+        .where(messages_t.c.uuid == message_uuid, messages_t.c.session_id == session_id)
+        .values(subtype=subtype)
+        .returning(messages_t.c.parent_uuid)
+    )
+    row = result.first()
+    return row is not None, (row[0] if row is not None else None)
+
+
 async def allocate_seq(
     db: AsyncSession, session_id: uuid.UUID, count: int = 1, **session_values: Any
 ) -> int:

@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Any
 
+from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -30,12 +31,16 @@ from app.domain import (
     ToolResult,
 )
 from app.engine import runs
+from app.engine.quotas import budgets, running
 from app.engine.resources import Resources
 from app.engine.supervisor import Supervisor
 from app.engine.tools.builtin import truncate_middle
-from app.errors import Conflict, Invalid, Unavailable
+from app.errors import BudgetExceeded, Conflict, Invalid, RateLimited, Unavailable
 from app.models import AgentSession, Run
 from app.schemas import ToolResultsIn
+
+# Seconds a post refused for the tenant's running runs is told to wait.
+RUNNING_RETRY_AFTER = 5
 
 
 def request_hash(payload: Any) -> str:
@@ -81,30 +86,36 @@ class Admission:
         if_busy: IfBusy,
         idempotency_key: str | None,
         digest: str,
+        webhook_url: str | None = None,
     ) -> Run:
         """The run of a posted turn: the one an idempotent retry already made, or a new
         one, claimed (running) or queued."""
-        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
-        if run is not None:
-            return run
         return await self.submit(
             db,
             session,
-            RunParams(content=content, parent_uuid=parent_uuid),
+            RunParams(content=content, parent_uuid=parent_uuid, webhook_url=webhook_url),
             if_busy=if_busy,
             idempotency_key=idempotency_key,
             digest=digest,
         )
 
     async def regenerate(
-        self, db: AsyncSession, session: AgentSession, message_uuid: uuid.UUID
+        self,
+        db: AsyncSession,
+        session: AgentSession,
+        message_uuid: uuid.UUID,
+        *,
+        idempotency_key: str | None = None,
+        digest: str = "",
     ) -> Run:
         """A new reply as a sibling of assistant message `message_uuid`."""
         record = await history.message(db, session.id, message_uuid)
         if record.role != "assistant" or record.parent_uuid is None:
             raise Invalid("Only an assistant reply with a parent can be regenerated")
         params = RunParams(parent_uuid=record.parent_uuid, regenerate=message_uuid)
-        return await self.submit(db, session, params)
+        return await self.submit(
+            db, session, params, idempotency_key=idempotency_key, digest=digest
+        )
 
     async def compact(
         self, db: AsyncSession, session: AgentSession, instructions: str | None
@@ -125,15 +136,37 @@ class Admission:
         idempotency_key: str | None = None,
         digest: str = "",
     ) -> Run:
-        """Store the turn and claim the session, or queue it (`enqueue`), or cancel the
-        active run first (`interrupt`). The run is launched after the commit."""
+        """The run this key already made, or: store the turn and claim the session, or
+        queue it (`enqueue`), or cancel the active run first (`interrupt`). The run is
+        launched after the commit.
+
+        Posts that look before they claim (for their key's run, for the active run) take
+        the session row first, so racing posts are admitted one after another, each
+        seeing what the previous one committed. `reject` alone needs no lock: the claim
+        fails on the one-active-run index when it loses."""
         if params.parent_uuid is not None:
             await history.message(db, session.id, params.parent_uuid)
-        # `reject` relies on the database alone (the claim fails if a run is active).
-        active = None if if_busy == IfBusy.REJECT else await runs.active(db, session.id)
-        if active is not None and if_busy == IfBusy.INTERRUPT:
-            await self.cancel(db, session, active, reason="interrupted by a newer turn")
-            await db.flush()
+        if if_busy == IfBusy.INTERRUPT:
+            run = await self._interrupt(db, session, idempotency_key, digest)
+            if run is not None:
+                return run
+        if idempotency_key is not None or if_busy == IfBusy.ENQUEUE:
+            await self.lock_session(db, session)
+        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
+        if run is not None:
+            return run  # a retry gets its run even when the budget is spent since
+        if if_busy != IfBusy.INTERRUPT:  # `_interrupt` checked, before it cancelled
+            await self.check_quotas(db, session)
+        active = await runs.active(db, session.id) if if_busy == IfBusy.ENQUEUE else None
+        crowded = await running.at_limit(db, self.resources.settings, session.tenant)
+        if crowded is not None and if_busy != IfBusy.ENQUEUE:
+            metrics.throttled.labels("running_runs").inc()
+            raise RateLimited(
+                f"The tenant has its limit of {crowded} runs running; retry later or post "
+                "with if_busy=enqueue",
+                retry_after=RUNNING_RETRY_AFTER,
+                extra={"limit": "running_runs"},
+            )
         run = Run(
             id=uuid.uuid4(),
             session_id=session.id,
@@ -147,7 +180,7 @@ class Admission:
             last_event_seq=0,
             created_at=runs.now(),
         )
-        if active is not None and if_busy == IfBusy.ENQUEUE:
+        if active is not None or crowded is not None:  # both only with `enqueue` here
             db.add(run)
             await db.flush()
             return run
@@ -163,17 +196,70 @@ class Admission:
         self._launch_after_commit(db, run, session)
         return run
 
+    @staticmethod
+    async def lock_session(db: AsyncSession, session: AgentSession) -> None:
+        """Take the session row until the commit, reloading it (its head)."""
+        await db.refresh(session, with_for_update=True)
+
+    async def _interrupt(
+        self, db: AsyncSession, session: AgentSession, key: str | None, digest: str
+    ) -> Run | None:
+        """Cancel the active run, before the post takes the session row: a run executing
+        here needs that row for its last step, so a post holding it would wait on its own
+        cancel. The run this key already made (a retry, or a post racing this one) is
+        returned instead, never cancelled."""
+        run = await self.find_idempotent(db, session.id, key, digest)
+        if run is not None:
+            return run
+        await self.check_quotas(db, session)  # a refused post cancels nothing
+        active = await runs.active(db, session.id)
+        if active is None:
+            return None
+        if key is not None and active.idempotency_key == key:
+            return await self.find_idempotent(db, session.id, key, digest)
+        await self.cancel(db, session, active, reason="interrupted by a newer turn")
+        await db.flush()
+        return None
+
+    async def check_quotas(self, db: AsyncSession, session: AgentSession) -> None:
+        """429 `budget_exceeded` when the tenant's or the session's token budget is
+        used up."""
+        used_up = await budgets.exhausted(db, self.resources.settings, session)
+        if used_up is not None:
+            metrics.budget_refusals.labels(used_up.scope, "post").inc()
+            raise BudgetExceeded(used_up.message, extra=used_up.as_extra())
+
     # --- client tools ----------------------------------------------------------------
 
     async def submit_tool_results(
         self, db: AsyncSession, session: AgentSession, run: Run, body: ToolResultsIn
-    ) -> int:
+    ) -> tuple[int, int]:
         """Store the client's answers with the results computed before the pause and
-        make the run `running` again; launched after the commit. Returns the seq of the
-        stored message (the wait-mode answer lists the run's messages from there)."""
-        if run.status != RunStatus.REQUIRES_ACTION or not run.required_action:
+        make the run `running` again; launched after the commit. Accepted once: the
+        database lets one post take the pause, and a repeat of the accepted body answers
+        as it did (a different one is a 409). Returns where the answer starts: the last
+        event before it and the seq of the stored message (the wait-mode answer lists
+        the run's messages from there)."""
+        key = " ".join(sorted(result.tool_use_id for result in body.results))
+        digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+        if run.status == RunStatus.REQUIRES_ACTION and key not in (run.tool_answers or {}):
+            self._check_pending(run, body)
+            if await self._take_pause(db, run):
+                return await self._store_results(db, session, run, body, key, digest)
+            await db.refresh(run)  # another post (or a cancel) got there first
+        first = (run.tool_answers or {}).get(key)
+        if first is None:
             raise Conflict(f"Run {run.id} is {run.status}, not waiting for tool results")
-        pending = [use["id"] for use in run.required_action.get("tool_uses", [])]
+        if first["hash"] != digest:
+            raise Conflict(
+                f"Run {run.id} already accepted other results for these tool uses",
+                extra={"run_id": str(run.id)},
+            )
+        return int(first["after_seq"]), int(first["message_seq"])
+
+    @staticmethod
+    def _check_pending(run: Run, body: ToolResultsIn) -> None:
+        pending = [use["id"] for use in (run.required_action or {}).get("tool_uses", [])]
         given = [result.tool_use_id for result in body.results]
         if sorted(given) != sorted(pending):
             raise Invalid.field(
@@ -181,6 +267,39 @@ class Admission:
                 "must match pending tool uses",
                 f"results must answer exactly the pending tool uses {pending}; got {given}",
             )
+
+    async def _take_pause(self, db: AsyncSession, run: Run) -> bool:
+        """Make the run `running` if it still awaits the tool uses this request saw: a
+        conditional UPDATE, so of concurrent posts exactly one wins (the others wait
+        for its commit and then find the pause gone)."""
+        taken = await db.scalars(
+            update(Run)
+            .where(
+                Run.id == run.id,
+                Run.status == RunStatus.REQUIRES_ACTION,
+                Run.required_action == run.required_action,
+            )
+            .values(
+                status=RunStatus.RUNNING,
+                required_action=None,
+                worker_id=self.resources.worker_id,
+                lease_expires_at=runs.lease_deadline(self.resources.settings.run_lease_seconds),
+                epoch=Run.epoch + 1,  # a new owner (events.LostOwnership fences the old)
+            )
+            .returning(Run)
+            .execution_options(populate_existing=True)
+        )
+        return taken.first() is not None
+
+    async def _store_results(
+        self,
+        db: AsyncSession,
+        session: AgentSession,
+        run: Run,
+        body: ToolResultsIn,
+        key: str,
+        digest: str,
+    ) -> tuple[int, int]:
         limit = self.resources.settings.tool_result_max_chars
         known = dict(run.state.results)
         for result in body.results:
@@ -191,22 +310,19 @@ class Admission:
         record = await runs.answer_open_tool_uses(
             db, session.id, session.head_uuid, run.id, runs.INTERRUPTED_TOOL_TEXT, known
         )
-        run.status = RunStatus.RUNNING
-        run.required_action = None
-        runs.own(
-            run,
-            worker_id=self.resources.worker_id,
-            lease_seconds=self.resources.settings.run_lease_seconds,
-        )
+        after_seq = run.last_event_seq
         run.state = run.state.model_copy(update={"results": {}})
         if record is not None:
             set_committed_value(session, "head_uuid", record.uuid)
             await runs.append_events(
                 db, self.resources.events, run, result_events(record), after=None
             )
+        message_seq = record.seq if record is not None else 0
+        answer = {"hash": digest, "after_seq": after_seq, "message_seq": message_seq}
+        run.tool_answers = {**(run.tool_answers or {}), key: answer}
         await db.flush()
         self._launch_after_commit(db, run, session)
-        return record.seq if record is not None else 0
+        return after_seq, message_seq
 
     # --- cancelling --------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ epoch writes (`LostOwnership` stops any other silently).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -38,13 +39,14 @@ from app.conversation.records import MessageRecord, new_message
 from app.conversation.store import sessions_t
 from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
-from app.engine import runs
+from app.engine import refusal, runs
 from app.engine.compaction import layers
 from app.engine.events import LostOwnership
 from app.engine.handle import RunStep
 from app.engine.llm.errors import ModelError, PromptTooLong
 from app.engine.llm.events import MessageDone
 from app.engine.model_call import Partial, ReplyStream
+from app.engine.quotas import budgets
 from app.engine.resources import Resources
 from app.engine.tool_calls import plan_round, run_builtins
 from app.errors import RunFailed
@@ -163,6 +165,8 @@ class TurnRunner:
                     f"The run reached its limit of {limit} model calls "
                     "(PARLEY_MAX_MODEL_CALLS_PER_RUN) and was stopped",
                 )
+            if self.state.model_calls:
+                await self.durably(self.check_budget)
             nodes = await self.durably(self.prepare)
             body = build_body(self._config, nodes)
             # Recorded on the reply: its usage anchors later estimates of this prefix.
@@ -213,6 +217,15 @@ class TurnRunner:
             return True
         return await self.run_tools(uses, set(), known=self.state.results)
 
+    async def check_budget(self) -> None:
+        """Between model calls: a budget crossed by the calls so far ends the run as
+        `failed` `budget_exceeded` (what they produced is kept)."""
+        async with self.resources.db.sessionmaker() as db:
+            used_up = await budgets.exhausted(db, self.settings, self._session)
+        if used_up is not None:
+            metrics.budget_refusals.labels(used_up.scope, "run").inc()
+            raise RunFailed("budget_exceeded", used_up.message, extra=used_up.as_extra())
+
     async def prepare(self) -> list[Node]:
         """The session as it is now (the claim's copy on the first call: settings can be
         patched during a run) and the view the next request is built from."""
@@ -260,6 +273,7 @@ class TurnRunner:
                 [record] = await step.append(
                     reply, session_values={**counters, "last_request_at": runs.now()}
                 )
+                await budgets.record(step.db, self._session.tenant, self._session.id, usage)
                 step.run_values.update(usage=self.run_usage, state=self.state, streaming_uuid=None)
                 step.report("message.completed", message_payload(record))
 
@@ -363,11 +377,23 @@ class TurnRunner:
 
     # --- ending --------------------------------------------------------------------
 
-    async def finish(self, status: RunStatus, error: dict[str, Any] | None = None) -> bool:
-        """Mark the run finished (unless someone else already did) and report it."""
-        return await self.durably(lambda: self._finish(status, error))
+    async def finish(
+        self,
+        status: RunStatus,
+        error: dict[str, Any] | None = None,
+        *,
+        also: Callable[[RunStep], Awaitable[None]] | None = None,
+    ) -> bool:
+        """Mark the run finished (unless someone else already did) and report it; `also`
+        writes more in the same step (a refused turn's rewind)."""
+        return await self.durably(lambda: self._finish(status, error, also))
 
-    async def _finish(self, status: RunStatus, error: dict[str, Any] | None) -> bool:
+    async def _finish(
+        self,
+        status: RunStatus,
+        error: dict[str, Any] | None,
+        also: Callable[[RunStep], Awaitable[None]] | None,
+    ) -> bool:
         async with self.step() as step:
             step.log.final = True
             run = await self.update_run(
@@ -382,6 +408,8 @@ class TurnRunner:
                 cancel_requested_at=None,
             )
             if run is not None:
+                if also is not None:
+                    await also(step)
                 step.report(f"run.{status}", run_json(run))
                 # Whether a queued turn waits for this session (it starts right after).
                 self.queued_next = (
@@ -509,7 +537,14 @@ async def _drive(
     except RunFailed as exc:
         await runner.finish(RunStatus.FAILED, exc.error)
     except ModelError as exc:
-        await runner.finish(RunStatus.FAILED, upstream_error(exc))
+        refused = refusal.refused_turn(run, exc)
+        if refused is not None:
+            rewind = functools.partial(
+                refusal.rewind, session_id=runner.session.id, message_uuid=refused
+            )
+            await runner.finish(RunStatus.FAILED, refusal.refused_error(exc), also=rewind)
+        else:
+            await runner.finish(RunStatus.FAILED, upstream_error(exc))
     except Exception as exc:
         if is_transient(exc):
             raise

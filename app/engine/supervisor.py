@@ -29,6 +29,7 @@ from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
 from app.engine.loop import HANDOVER, LOST, execute
+from app.engine.quotas import running
 from app.engine.resources import Resources
 from app.errors import Conflict
 from app.models import AgentSession, Run, RunEvent
@@ -106,11 +107,15 @@ class Supervisor:
         now, under the head of this moment."""
         try:
             async with self.resources.db.transaction() as db:
-                run = await runs.oldest_queued(db, session_id)
-                if run is None or await runs.active(db, session_id) is not None:
+                # The session row first: starters and posts go one at a time, so the
+                # oldest queued run is the one that starts.
+                session = await db.get(AgentSession, session_id, with_for_update=True)
+                if session is None or await runs.active(db, session_id) is not None:
                     return None
-                session = await db.get(AgentSession, session_id)
-                if session is None:
+                if await running.at_limit(db, self.settings, session.tenant):
+                    return None
+                run = await runs.oldest_queued(db, session_id)
+                if run is None:
                     return None
                 await runs.claim(
                     db,
@@ -209,7 +214,7 @@ class Supervisor:
         task = self.tasks.get(run_id)
         if task is None:
             return False
-        if run_id not in self._cancel_reasons:  # a second cancel would cut the first short
+        if run_id not in self._cancel_reasons:  # a second cancel would cut the first's cleanup
             self._cancel_reasons[run_id] = reason
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):

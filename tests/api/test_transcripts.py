@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,20 +20,20 @@ from app.main import create_app
 from tests.api.seed import add, new_session, text
 from tests.conftest import TEST_KEY, make_settings
 
-DATA = Path("/work/shared/data/transcripts")
-ENTIRE = DATA / "entireio-cli"
-FIXTURES = DATA / "vscode-copilot-chat" / "fixtures"
-BIG = ENTIRE / "bc/cb77bb88fa/1/full.jsonl"  # 4 MB, two compact boundaries
-COMPACTED = ENTIRE / "91/b42542f24f/0/full.jsonl"  # 1.3 MB, one compact boundary
-PARALLEL = FIXTURES / "b3a7bd3c-5a10-4e7b-8ff0-7fc0cd6d1093.jsonl"  # four parallel tool calls
-SUBAGENT = FIXTURES / "b3a7bd3c-5a10-4e7b-8ff0-7fc0cd6d1093/subagents/agent-a775a67.jsonl"
+DATA = Path(__file__).parents[1] / "data" / "transcripts"  # provenance in SOURCES.md there
+COMPACTED = DATA / "entireio-compacted.jsonl"  # 1.3 MB, one compact boundary
+PARALLEL = DATA / "copilot-parallel-tools.jsonl"  # four parallel tool calls
+SUBAGENT = DATA / "copilot-subagent.jsonl"
+# A larger corpus (the layout of Entire's checkpoint branch) when PARLEY_TRANSCRIPTS names one.
+CORPUS = os.environ.get("PARLEY_TRANSCRIPTS")
+BIG = Path(CORPUS or "missing") / "entireio-cli/bc/cb77bb88fa/1/full.jsonl"  # 4 MB, two boundaries
 
 NDJSON = {"Content-Type": "application/x-ndjson"}
 TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
 
 def needs(path: Path) -> pytest.MarkDecorator:
-    return pytest.mark.skipif(not path.exists(), reason=f"{path} is not available")
+    return pytest.mark.skipif(not path.is_file(), reason=f"{path} is not available")
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -361,12 +361,8 @@ async def test_parallel_tool_calls_merge_and_keep_every_result(api: httpx.AsyncC
 
 
 @needs(BIG)
-async def test_biggest_file_imports_quickly(api: httpx.AsyncClient) -> None:
-    body = BIG.read_bytes()
-    started = time.perf_counter()
-    session = await imported(api, body)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 15, f"the import took {elapsed:.1f} s"
+async def test_biggest_file_keeps_both_boundaries(api: httpx.AsyncClient) -> None:
+    session = await imported(api, BIG.read_bytes())
     full = await chain(api, session["id"])
     assert sum(m["subtype"] == "compact_boundary" for m in full) == len(boundaries_in(BIG))
     assert (await chain(api, session["id"], view="api"))[0]["subtype"] == "compact_summary"

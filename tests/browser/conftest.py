@@ -81,7 +81,9 @@ async def browser() -> AsyncIterator[Browser]:
 async def server(database_url: str, engine: AsyncEngine) -> AsyncIterator[LiveServer]:
     """The service with the offline model, for a tenant of its own (so the session list
     holds only what these tests create)."""
-    async with live_server(database_url, engine, api_keys=[f"browser:{BROWSER_KEY}"]) as server:
+    async with live_server(
+        database_url, engine, api_keys=[f"browser:{BROWSER_KEY}"], secret_key="b" * 40
+    ) as server:
         server.runtime.resources.llm = OfflineModel(delay=MODEL_DELAY_SECONDS)
         yield server
 
@@ -114,6 +116,11 @@ class Playground:
     @property
     def status(self) -> Locator:
         return self.page.locator("#status")
+
+    @property
+    def title(self) -> Locator:
+        """The open session's title (the heading above the conversation)."""
+        return self.page.locator("#session-title")
 
     @property
     def box(self) -> Locator:
@@ -157,7 +164,7 @@ class Playground:
             await dialog.get_by_label(label, exact=True).uncheck()
         await dialog.get_by_role("button", name="Create").click()
         await expect(dialog).to_be_hidden()
-        await expect(self.page.get_by_role("heading", name=title, exact=True)).to_be_visible()
+        await expect(self.title).to_have_text(title)
         await expect(self.box).to_be_enabled()
 
     async def send(self, text: str, *, until: str = "Reply complete") -> None:

@@ -207,11 +207,11 @@ async def test_sessions_search_rename_fork_and_delete(playground: Playground) ->
     await ui.page.get_by_role("button", name="Rename").click()
     await ui.page.get_by_label("Session title").fill("Alpha, renamed")
     await ui.page.get_by_role("button", name="Save title").click()
-    await expect(ui.page.get_by_role("heading", name="Alpha, renamed")).to_be_visible()
+    await expect(ui.title).to_have_text("Alpha, renamed")
     await expect(sessions.get_by_role("button", name="Alpha, renamed")).to_be_visible()
 
     await ui.page.get_by_role("button", name="Fork", exact=True).click()
-    await expect(ui.page.get_by_role("heading", name="Fork of Alpha, renamed")).to_be_visible()
+    await expect(ui.title).to_have_text("Fork of Alpha, renamed")
     await expect(ui.messages()).to_have_count(2)
     await expect(ui.messages("You").first).to_contain_text("remember alpha")
     await ui.shot("forked")
@@ -230,23 +230,24 @@ async def test_compact_and_unfold_the_summary(playground: Playground) -> None:
     ui = playground
     await ui.enter_key()
     # Micro-compaction at once, keeping no old result: older tool results are cleared. A
-    # low threshold makes the context meter show something.
+    # low threshold makes the context meter show something; the written file is long enough
+    # that a summary makes the context smaller (compaction refuses to grow it).
     await ui.new_session(
         "Compaction",
         fields={
             "Keep recent tool results": "0",
             "Micro batch tokens": "0",
-            "Threshold tokens": "5000",
+            "Threshold tokens": "20000",
         },
     )
-    colours = "\\n".join(f"line {i}: red, green, blue" for i in range(40))
+    colours = "\\n".join(f"line {i}: red, green, blue" for i in range(400))
     await ui.send(f'/tool Write {{"file_path": "colours.txt", "content": "{colours}"}}')
     await ui.send('/tool Read {"file_path": "colours.txt"}')
     await ui.send("which colours were written?")
     meter = ui.page.get_by_role("meter", name="Context used before auto-compaction")
     await expect(meter).to_be_visible()
     await expect(ui.page.locator("#context-body")).to_contain_text(
-        "of 5,000 tokens before auto-compaction"
+        "of 20,000 tokens before auto-compaction"
     )
     assert int(await meter.get_attribute("aria-valuenow") or 0) > 0
     # The Read result (large, and no longer the newest) is cleared from the model's view.
@@ -352,7 +353,7 @@ async def test_a_reload_picks_up_the_running_reply(playground: Playground) -> No
     await ui.box.press("Enter")
     await expect(ui.log.locator("article[aria-busy=true]")).to_contain_text("sentence 5.")
     await ui.page.reload()  # the API key and the session come back from the tab's storage
-    await expect(ui.page.get_by_role("heading", name="Reload", exact=True)).to_be_visible()
+    await expect(ui.title).to_have_text("Reload")
     await expect(ui.log.locator("article[aria-busy=true]")).to_be_visible()
     await ui.shot("reloaded")
     await expect(ui.status).to_have_text("Reply complete")
@@ -409,3 +410,21 @@ async def test_a_discarded_partial_reply_gives_way_to_the_retry(
     samples: list[str] = await ui.page.evaluate("window.__samples")
     assert any(sample.startswith("partial") for sample in samples), samples
     assert not any("partial" in sample and "whole" in sample for sample in samples), samples
+
+
+async def test_a_browser_token_opens_its_session(playground: Playground) -> None:
+    """A page given a browser token instead of the tenant's key opens the token's session
+    (it may not list the others) and talks there."""
+    ui = playground
+    async with ui.api() as api:
+        sid = (await api.post("/sessions", json={"title": "Token chat"})).json()["id"]
+        minted = await api.post("/tokens", json={"session_id": sid})
+        token = minted.json()["token"]
+    key = ui.page.get_by_label("API key")
+    await key.fill(token)
+    await key.press("Enter")
+    await expect(ui.page.get_by_role("heading", name="Token chat", exact=True)).to_be_visible()
+    assert await ui.session_id() == sid
+    await ui.send("Hello through a token")
+    await expect(ui.messages("Assistant").last).to_contain_text(ECHO + "Hello through a token")
+    await ui.shot("token-chat")

@@ -1,7 +1,4 @@
-"""Fixtures of end-to-end tests: one fake Anthropic process and one fresh database per
-module. Service processes resume any run they find ownerless, so each module's
-processes get a database of their own: runs other tests left behind stay out of their
-way (and out of the fake's script)."""
+"""Fixtures of end-to-end tests: one fake Anthropic process per module."""
 
 from __future__ import annotations
 
@@ -9,14 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import fresh_database
 from tests.e2e.processes import Fake
-
-
-@pytest.fixture(scope="module")
-def database_url() -> Iterator[str]:
-    with fresh_database() as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.pg_cluster import Cluster
+from tests.conftest import fresh_database
 from tests.e2e.processes import Fake, Service
 from tests.fake_anthropic import items
+from tests.pg_cluster import Cluster
 from tests.runs.helpers import Event, names, stream
 
 pytestmark = pytest.mark.e2e
@@ -57,10 +58,13 @@ class Replicas:
 
 
 @pytest.fixture(scope="module")
-def replicas(database_url: str, fake_process: Fake) -> Iterator[Replicas]:
-    pool = Replicas(database_url, fake_process)
-    yield pool
-    pool.stop()
+def replicas(fake_process: Fake) -> Iterator[Replicas]:
+    # A database of their own: the replicas resume any ownerless run they find, and runs
+    # other tests left behind must stay out of their way (and out of the fake's script).
+    with fresh_database() as url:
+        pool = Replicas(url, fake_process)
+        yield pool
+        pool.stop()
 
 
 @pytest.fixture
@@ -212,38 +216,38 @@ async def test_sigterm_hands_runs_over_to_the_other_replica(
 
 
 async def test_database_outage_across_a_step_keeps_the_reply(fake_process: Fake) -> None:
-    cluster = Cluster()
+    fake_process.control("POST", "reset")
+    fake_process.control("POST", "config", {"chunk_delay": 0.05, "text_chunk_chars": 3})
     server = None
     try:
-        cluster.start()
-        fake_process.control("POST", "reset")
-        fake_process.control("POST", "config", {"chunk_delay": 0.05, "text_chunk_chars": 3})
-        server = Service(cluster.url, fake_process.url)
-        reply = "a reply that is streamed while the database is away, and is kept " * 2
-        fake_process.script(items.message(reply))
-        async with server.client() as c:
-            sid = (await c.post("/sessions", json={})).json()["id"]
-            run = (
-                await c.post(f"/sessions/{sid}/messages", json={"content": "x", "background": True})
-            ).json()
-            seen: list[Event] = []
-            follower = asyncio.create_task(follow_until_cut(c, sid, run["id"], seen))
-            await until_deltas(seen, 3)  # the reply is streaming
-            cluster.stop()
-            await asyncio.sleep(3)  # the reply ends (in ~2 s); storing it fails and is retried
-            cluster.start()
-            await asyncio.wait_for(follower, timeout=60)
-            check_client_view(seen, "run.completed")
-            assert final_text(seen) == reply
-            stored = await follow(c, sid, run["id"])
-            assert [(e.id, e.data) for e in stored] == [(e.id, e.data) for e in seen]
-            messages = (await c.get(f"/sessions/{sid}/messages")).json()["data"]
-            assert [m["role"] for m in messages] == ["user", "assistant"]
+        with Cluster() as cluster:
+            server = Service(cluster.url, fake_process.url)
+            reply = "a reply that is streamed while the database is away, and is kept " * 2
+            fake_process.script(items.message(reply))
+            async with server.client() as c:
+                sid = (await c.post("/sessions", json={})).json()["id"]
+                run = (
+                    await c.post(
+                        f"/sessions/{sid}/messages", json={"content": "x", "background": True}
+                    )
+                ).json()
+                seen: list[Event] = []
+                follower = asyncio.create_task(follow_until_cut(c, sid, run["id"], seen))
+                await until_deltas(seen, 3)  # the reply is streaming
+                cluster.kill()
+                await asyncio.sleep(3)  # the reply ends (in ~2 s); storing it is retried
+                cluster.start()
+                await asyncio.wait_for(follower, timeout=60)
+                check_client_view(seen, "run.completed")
+                assert final_text(seen) == reply
+                stored = await follow(c, sid, run["id"])
+                assert [(e.id, e.data) for e in stored] == [(e.id, e.data) for e in seen]
+                messages = (await c.get(f"/sessions/{sid}/messages")).json()["data"]
+                assert [m["role"] for m in messages] == ["user", "assistant"]
     finally:
         fake_process.control("POST", "config", {"chunk_delay": 0, "text_chunk_chars": 16})
         if server is not None:
             server.stop(signal.SIGKILL)
-        cluster.remove()
 
 
 async def test_cancel_posted_to_another_replica_stops_the_owner(

@@ -91,7 +91,8 @@ async def test_bad_request_is_not_retried(h: Harness, model: ScriptedModel) -> N
     session = await h.new_session()
     out = await h.turn(session.id, "x")
     assert out.run.status == RunStatus.FAILED
-    assert out.run.error["type"] == "upstream_error"
+    # A refusal of the request itself: the turn is taken off the chain (tests/runs).
+    assert out.run.error["type"] == "request_refused"
     assert "something is off" in out.run.error["message"]
     assert len(model.requests) == 1
     assert model.left == 1

@@ -89,7 +89,11 @@ def new_request_id() -> str:
 
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:  # a scripted lone surrogate: send it escaped, as JSON allows
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 class FakeState:

@@ -145,6 +145,38 @@ def _check_text(block: dict[str, Any], where: str, prefix: str) -> None:
         raise _bad(f"{prefix}: text content blocks must contain non-whitespace text")
 
 
+# The first bytes of each image type the API takes.
+IMAGE_MAGIC = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/gif": (b"GIF87a", b"GIF89a"),
+    "image/webp": (b"RIFF",),
+}
+
+
+def _check_image(block: dict[str, Any], where: str) -> None:
+    """A base64 image must decode and be of its declared media type (the API looks)."""
+    source = block.get("source")
+    if not isinstance(source, dict) or source.get("type") != "base64":
+        return  # url and file sources are fetched by the API; not modelled here
+    media_type = source.get("media_type")
+    if media_type not in IMAGE_MAGIC:
+        raise _bad(
+            f"{where}.image.source.base64.media_type: Input should be 'image/jpeg', "
+            "'image/png', 'image/gif' or 'image/webp'"
+        )
+    try:
+        data = base64.b64decode(str(source.get("data", "")), validate=True)
+    except ValueError:
+        data = b""
+    if not data.startswith(IMAGE_MAGIC[media_type]):
+        subtype = media_type.split("/")[1]
+        raise _bad(
+            f"{where}.image.source.base64: The image was specified using the {media_type} "
+            f"media type, but does not appear to be a valid {subtype} image"
+        )
+
+
 def _validate_tools(tools: Any) -> int:
     if not isinstance(tools, list):
         raise _bad("tools: Input should be a valid list")
@@ -316,6 +348,8 @@ def _validate_blocks(merged: list[tuple[str, list[Any]]]) -> int:
                     raise _bad(f"{where}.thinking.signature: Field required")
             elif kind == "redacted_thinking" and not isinstance(block.get("data"), str):
                 raise _bad(f"{where}.redacted_thinking.data: Field required")
+            elif kind == "image":
+                _check_image(block, where)
             count += _check_cache_control(block.get("cache_control"), where)
     return count
 

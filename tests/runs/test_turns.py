@@ -222,3 +222,29 @@ async def test_edit_and_regenerate_branch(live_fake: LiveServer, fake: FakeAnthr
         assert len(tree) == 5
         bad = await client.post(f"/sessions/{sid}/messages/{user['uuid']}/regenerate", json={})
         assert bad.status_code == 422
+
+
+async def test_a_regeneration_repeated_with_its_key_is_one_run(
+    live_fake: LiveServer, fake: FakeAnthropic
+) -> None:
+    """A client whose connection dropped re-posts the regeneration with the same key: it
+    gets the same run, and the tree one new reply, not two."""
+    fake.script("first answer", "second answer", "third answer")
+    async with live_fake.client() as client:
+        sid = await new_session(client)
+        first = (await client.post(f"/sessions/{sid}/messages", json={"content": "q"})).json()
+        reply = first["messages"][1]
+        path = f"/sessions/{sid}/messages/{reply['uuid']}/regenerate"
+        key = {"Idempotency-Key": "regen-1"}
+        once = await client.post(path, json={}, headers=key)
+        again = await client.post(path, json={}, headers=key)
+        assert once.status_code == again.status_code == 200
+        assert once.json()["run"]["id"] == again.json()["run"]["id"]
+        tree = (await client.get(f"/sessions/{sid}/tree")).json()["data"]
+        assert len(tree) == 3  # the question and two sibling replies
+        sibling = once.json()["messages"][-1]["uuid"]
+        reused = await client.post(
+            f"/sessions/{sid}/messages/{sibling}/regenerate", json={}, headers=key
+        )
+        assert reused.status_code == 422  # the key was used for another regeneration
+        assert reused.json()["errors"][0]["loc"] == ["header", "Idempotency-Key"]

@@ -20,6 +20,7 @@ from .events import (
     ToolUseReady,
     empty_usage,
 )
+from .storable import storable, storable_text
 
 __all__ = ["MessageAssembler"]
 
@@ -47,6 +48,8 @@ class MessageAssembler:
 
     Text, thinking and tool input chunks are collected in lists and joined once at
     `content_block_stop` (joining per delta would be quadratic in the block length).
+    What Postgres cannot store (NUL, lone surrogates) is replaced as it arrives
+    (`storable`), so the deltas and the final message agree.
     """
 
     __slots__ = (
@@ -88,14 +91,14 @@ class MessageAssembler:
             delta = event["delta"]
             dtype = delta["type"]
             if dtype == "text_delta":
-                text = delta["text"]
+                text = storable_text(delta["text"])
                 self._parts[index].append(text)
                 return TextDelta(index, text)
             if dtype == "input_json_delta":
                 self._parts[index].append(delta["partial_json"])
                 return None
             if dtype == "thinking_delta":
-                thinking = delta["thinking"]
+                thinking = storable_text(delta["thinking"])
                 self._parts[index].append(thinking)
                 return ThinkingDelta(index, thinking)
             if dtype == "signature_delta":
@@ -105,11 +108,11 @@ class MessageAssembler:
                 citations = block.get("citations")
                 if not isinstance(citations, list):
                     citations = block["citations"] = []
-                citations.append(delta["citation"])
+                citations.append(storable(delta["citation"]))
             return None
         if etype == "content_block_start":
             index = event["index"]
-            block = dict(event["content_block"])
+            block = storable(dict(event["content_block"]))
             self._blocks[index] = block
             btype = block.get("type")
             if btype == "text":
@@ -158,7 +161,7 @@ class MessageAssembler:
             parsed = block.get("input") if isinstance(block.get("input"), dict) else {}
         else:
             try:
-                parsed = json.loads(raw)
+                parsed = storable(json.loads(raw))
             except ValueError:
                 parsed = None
         if isinstance(parsed, dict):

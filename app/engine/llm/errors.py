@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Final, Literal, TypeAlias
 
+from .storable import storable_text
+
 __all__ = [
     "RETRYABLE_KINDS",
     "ErrorKind",
@@ -61,6 +63,7 @@ class ModelError(Exception):
         retry_after: float | None = None,
         retryable: bool | None = None,
     ) -> None:
+        message = storable_text(message)  # it may end up in Run.error and the event log
         super().__init__(message)
         self.kind: ErrorKind = kind
         self.message = message

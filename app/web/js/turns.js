@@ -91,7 +91,10 @@ export class TurnActions {
 
   async regenerate(msg) {
     this.chat.truncateAfter(msg.parent_uuid);
-    await this.turn(this.streamPost(`/sessions/${this.session.id}/messages/${msg.uuid}/regenerate`, {}));
+    await this.turn(
+      this.streamPost(`/sessions/${this.session.id}/messages/${msg.uuid}/regenerate`, {}, { "Idempotency-Key": newId() }),
+      { reopen: true },
+    );
   }
 
   async answer(results) {

@@ -1,7 +1,7 @@
 """durable runs: fencing epoch, reserved event ids, take-overs, remote cancel
 
 Revision ID: a02e32adef3e
-Revises: bf0933064c72
+Revises: 5c1e8a9d2f47
 Create Date: 2026-12-01 13:20:12.651810+00:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "a02e32adef3e"
-down_revision: str | None = "bf0933064c72"
+down_revision: str | None = "5c1e8a9d2f47"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
