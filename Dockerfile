@@ -1,5 +1,5 @@
-# syntax=docker/dockerfile:1
 # Build: the locked dependencies into a venv, without the dev group.
+# (No `# syntax=` line: BuildKit would fetch that frontend image; nothing here needs it.)
 FROM python:3.11-slim AS build
 ENV UV_COMPILE_BYTECODE=1 UV_LINK_MODE=copy UV_PROJECT_ENVIRONMENT=/opt/venv
 RUN pip install --no-cache-dir "uv==0.13.9"
@@ -14,7 +14,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PARLEY_HOST=0.0.0.0 \
     PARLEY_PORT=8000
-RUN groupadd --system parley && useradd --system --gid parley --home /app parley
+# /app belongs to the runtime user: the default SQLite database (./parley.db) is created
+# there; /app/data is the place for a volume (DATABASE_URL=sqlite:///./data/parley.db).
+RUN groupadd --system parley && useradd --system --gid parley --home /app parley \
+    && install -d -o parley -g parley /app /app/data
 COPY --from=build /opt/venv /opt/venv
 WORKDIR /app
 COPY --chown=parley:parley alembic.ini ./
@@ -24,5 +27,6 @@ USER parley
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
-# Migrations run as their own step (compose: the `migrate` service); the API only serves.
-CMD ["python", "-m", "app", "serve", "--no-migrate"]
+# On its own (`docker run`), serve migrates first. Compose runs migrations as their own
+# step (the `migrate` service) and the API with --no-migrate, so replicas never race.
+CMD ["python", "-m", "app", "serve"]

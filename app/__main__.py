@@ -1,4 +1,4 @@
-"""Command line: `python -m app [serve|migrate|openapi|create-key|revoke-key]`.
+"""Command line: `python -m app [serve|migrate|openapi|create-key|revoke-key|prune-events]`.
 
 `serve` (the default) applies migrations, then runs uvicorn on PARLEY_HOST:PARLEY_PORT.
 """
@@ -76,6 +76,26 @@ async def _revoke_key(key_id: str) -> bool:
     return revoked
 
 
+async def _prune_events(days: float) -> str:
+    from datetime import timedelta
+
+    from app.engine.retention import prune_events
+
+    engine = make_engine(Settings())
+    try:
+        pruned = await prune_events(engine, timedelta(days=days))
+    finally:
+        await engine.dispose()
+    return f"deleted {pruned.events} events of {pruned.runs} runs finished over {days:g} days ago"
+
+
+def _days(value: str) -> float:
+    days = float(value)
+    if not days >= 0:
+        raise argparse.ArgumentTypeError("must be a number of days, 0 or more")
+    return days
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     sub = parser.add_subparsers(dest="command")
@@ -91,6 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     p_key.add_argument("--name")
     p_revoke = sub.add_parser("revoke-key", help="revoke a stored API key by id")
     p_revoke.add_argument("key_id")
+    p_prune = sub.add_parser(
+        "prune-events",
+        help="delete the stored events of runs that finished long ago (messages are kept)",
+    )
+    p_prune.add_argument("--older-than-days", type=_days, required=True, metavar="N")
     args = parser.parse_args(argv)
     command = args.command or "serve"
     if command == "serve":
@@ -106,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     elif command == "revoke-key":
         revoked = asyncio.run(_revoke_key(args.key_id))
         print("revoked" if revoked else "no such active key")
+    elif command == "prune-events":
+        print(asyncio.run(_prune_events(args.older_than_days)))
 
 
 if __name__ == "__main__":

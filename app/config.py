@@ -12,11 +12,30 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 MIN_API_KEY_LENGTH = 16
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+class TenantLimits(BaseModel):
+    """One tenant's overrides of the rate limits and its token budget (0: no limit)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    requests_per_minute: int | None = Field(default=None, ge=0)
+    turns_per_minute: int | None = Field(default=None, ge=0)
+    running_runs: int | None = Field(default=None, ge=0)
+    token_budget: int | None = Field(default=None, ge=0)
 
 
 @dataclass(frozen=True)
@@ -32,6 +51,10 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _first(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def normalize_database_url(url: str) -> str:
@@ -96,8 +119,8 @@ class Settings(BaseSettings):
     tool_result_max_chars: int = Field(default=50_000, ge=1000)
     event_flush_seconds: float = Field(default=0.05, ge=0)
     shutdown_grace_seconds: float = Field(default=10.0, ge=0)
-    # Messages of recently used sessions' views kept in memory (0: none).
-    view_cache_messages: int = Field(default=100_000, ge=0)
+    # Bytes of recently used sessions' views kept in memory (0: none).
+    view_cache_bytes: int = Field(default=256 * 2**20, ge=0)
 
     # Compaction defaults (a session's `compaction` object overrides them)
     compaction_auto: bool = True
@@ -112,12 +135,38 @@ class Settings(BaseSettings):
     compaction_model: str | None = None
     compaction_webhook_url: str | None = None
 
+    # Webhooks (signed run events from the outbox)
+    # Networks (CIDRs) a webhook URL may resolve into although they are not public:
+    # loopback, private and link-local addresses are refused otherwise.
+    webhook_allow_networks: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    webhook_retry_base_seconds: float = Field(default=10.0, gt=0)
+    webhook_retry_max_seconds: float = Field(default=3600.0, gt=0)
+    webhook_retry_window_seconds: float = Field(default=86400.0, gt=0)
+    webhook_poll_seconds: float = Field(default=1.0, gt=0)
+    # Delivered and failed deliveries are deleted this long after they were created.
+    webhook_keep_seconds: float = Field(default=7 * 86400.0, gt=0)
+    # Server secret: derives each tenant's secret for per-turn webhook URLs and signs
+    # browser tokens. Without it neither is available.
+    secret_key: SecretStr | None = Field(default=None, repr=False)
+
+    # Limits per key (requests, turns per minute) and per tenant (running runs, tokens
+    # per budget period); 0 is no limit. `tenant_limits` overrides them per tenant (JSON).
+    rate_requests_per_minute: int = Field(default=0, ge=0)
+    rate_turns_per_minute: int = Field(default=0, ge=0)
+    max_running_runs: int = Field(default=0, ge=0)
+    tenant_token_budget: int = Field(default=0, ge=0)
+    budget_period: Literal["hour", "day", "month"] = "day"
+    tenant_limits: dict[str, TenantLimits] = Field(default_factory=dict)
+    browser_token_max_seconds: int = Field(default=3600, ge=60, le=86400)
+
     @field_validator(
         "anthropic_api_key",
         "anthropic_base_url",
         "model_provider",
         "compaction_model",
         "compaction_webhook_url",
+        "secret_key",
         mode="before",
     )
     @classmethod
@@ -125,7 +174,7 @@ class Settings(BaseSettings):
         # Compose and shells pass unset variables as "": treat that as not given.
         return None if isinstance(value, str) and not value.strip() else value
 
-    @field_validator("api_keys", "cors_origins", mode="before")
+    @field_validator("api_keys", "cors_origins", "webhook_allow_networks", mode="before")
     @classmethod
     def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
@@ -146,6 +195,23 @@ class Settings(BaseSettings):
         for origin in value:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise ValueError(f"CORS origin {origin!r} must start with http:// or https://")
+        return value
+
+    @field_validator("webhook_allow_networks")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for net in value:
+            try:
+                ipaddress.ip_network(net, strict=False)
+            except ValueError:
+                raise ValueError(f"PARLEY_WEBHOOK_ALLOW_NETWORKS: {net!r} is not a CIDR") from None
+        return value
+
+    @field_validator("secret_key")
+    @classmethod
+    def _check_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("PARLEY_SECRET_KEY must be at least 32 characters")
         return value
 
     @field_validator("api_keys")
@@ -173,7 +239,26 @@ class Settings(BaseSettings):
             raise ValueError("CORS origin '*' cannot be combined with other origins")
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("PARLEY_RETRY_MAX_SECONDS must be at least PARLEY_RETRY_BASE_SECONDS")
+        if self.webhook_retry_max_seconds < self.webhook_retry_base_seconds:
+            raise ValueError(
+                "PARLEY_WEBHOOK_RETRY_MAX_SECONDS must be at least "
+                "PARLEY_WEBHOOK_RETRY_BASE_SECONDS"
+            )
         return self
+
+    def limits_of(self, tenant: str) -> TenantLimits:
+        """The tenant's limits: its overrides, else the service-wide settings."""
+        own = self.tenant_limits.get(tenant, TenantLimits())
+        return TenantLimits(
+            requests_per_minute=_first(own.requests_per_minute, self.rate_requests_per_minute),
+            turns_per_minute=_first(own.turns_per_minute, self.rate_turns_per_minute),
+            running_runs=_first(own.running_runs, self.max_running_runs),
+            token_budget=_first(own.token_budget, self.tenant_token_budget),
+        )
+
+    @cached_property
+    def allowed_networks(self) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+        return tuple(ipaddress.ip_network(net, strict=False) for net in self.webhook_allow_networks)
 
     @property
     def provider(self) -> Literal["anthropic", "offline"]:

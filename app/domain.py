@@ -82,6 +82,7 @@ class RunParams(_Stored):
     parent_uuid: uuid.UUID | None = None  # branch from here instead of the head
     regenerate: uuid.UUID | None = None  # the assistant reply being regenerated
     instructions: str | None = None  # a manual compaction's focus
+    webhook_url: str | None = None  # told of this run's events as well (per-turn webhook)
 
 
 class ToolResult(_Stored):

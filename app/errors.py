@@ -41,6 +41,11 @@ class Unauthorized(DomainError):
         super().__init__(detail)
 
 
+class Forbidden(DomainError):
+    """The credential is valid but does not allow this (a browser token outside its
+    scope)."""
+
+
 class NotFound(DomainError):
     """Absent, or not the caller's to see (another tenant's session)."""
 
@@ -78,3 +83,15 @@ class NoGain(Invalid):
     """A compaction would not make the context smaller by the minimum share (problem
     type `nothing_to_gain`); `extra` carries both figures (`pre_tokens`,
     `post_tokens`) and `min_saving`."""
+
+
+class RateLimited(DomainError):
+    """Past a rate or concurrency limit; `retry_after` seconds until it may pass."""
+
+    def __init__(self, detail: str, *, retry_after: int, extra: dict[str, Any] | None = None):
+        super().__init__(detail, extra={**(extra or {}), "retry_after": retry_after})
+        self.retry_after = retry_after
+
+
+class BudgetExceeded(DomainError):
+    """A token budget (the tenant's or the session's) is used up for this period."""

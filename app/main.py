@@ -12,7 +12,19 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Scope
 
 from app import __version__
-from app.api import compaction, files, messages, ops, playground, runs, sessions, transcripts
+from app.api import (
+    compaction,
+    files,
+    messages,
+    ops,
+    playground,
+    runs,
+    sessions,
+    tokens,
+    transcripts,
+    usage,
+    webhooks,
+)
 from app.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, route_template
 from app.api.problems import install_handlers
 from app.config import Settings
@@ -44,7 +56,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.runtime = runtime
     install_handlers(app)
-    for module in (ops, playground, sessions, messages, runs, compaction, files, transcripts):
+    for module in (
+        ops,
+        playground,
+        sessions,
+        messages,
+        runs,
+        compaction,
+        files,
+        transcripts,
+        webhooks,
+        usage,
+        tokens,
+    ):
         app.include_router(module.router)
 
     def body_limit(scope: Scope) -> int:

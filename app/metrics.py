@@ -44,6 +44,24 @@ compactions = Counter(
     ["trigger", "outcome"],
     registry=REGISTRY,
 )
+webhook_deliveries = Counter(
+    "parley_webhook_deliveries_total",
+    "Webhook delivery attempts, by event and outcome (delivered, retry, failed)",
+    ["event", "outcome"],
+    registry=REGISTRY,
+)
+throttled = Counter(
+    "parley_throttled_requests_total",
+    "Requests refused with 429 rate_limited, by limit (requests, turns, running_runs)",
+    ["limit"],
+    registry=REGISTRY,
+)
+budget_refusals = Counter(
+    "parley_budget_refusals_total",
+    "Posts refused and runs stopped for an exhausted token budget, by scope and where",
+    ["scope", "stage"],
+    registry=REGISTRY,
+)
 sse_streams = Gauge("parley_sse_streams_open", "SSE streams open", registry=REGISTRY)
 
 __all__ = ["CONTENT_TYPE", "REGISTRY", "render"]

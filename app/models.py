@@ -61,6 +61,8 @@ class AgentSession(Base):
     cache_read_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_creation_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     compact_failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Input + output tokens this session may use per budget period (None: no limit).
+    token_budget: Mapped[int | None] = mapped_column(BigInteger)
     last_request_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(
@@ -245,3 +247,75 @@ class Collapse(Base):
     # that, so the request prefix (and the prompt cache) stays stable.
     applied_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookEndpoint(Base):
+    """A tenant's receiver of run and compaction events. The secret (Standard Webhooks,
+    `whsec_...`) is kept as is: every delivery is signed with it."""
+
+    __tablename__ = "webhook_endpoints"
+
+    id: Mapped[UUID] = mapped_column(Uuid, primary_key=True, default=uuid4)
+    tenant: Mapped[str] = mapped_column(String(200), index=True)
+    url: Mapped[str] = mapped_column(String(2000))
+    events: Mapped[list[Any]] = mapped_column(JSONType, default=list)
+    secret: Mapped[str] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WebhookDelivery(Base):
+    """The outbox: one event for one receiver, written in the transaction of the state it
+    reports and sent by whichever replica claims it first. `endpoint_id` is None for a
+    turn's own `webhook_url` (signed with the tenant's turn secret)."""
+
+    __tablename__ = "webhook_deliveries"
+
+    id: Mapped[UUID] = mapped_column(Uuid, primary_key=True, default=uuid4)
+    tenant: Mapped[str] = mapped_column(String(200))
+    endpoint_id: Mapped[UUID | None] = mapped_column(
+        ForeignKey("webhook_endpoints.id", ondelete="CASCADE")
+    )
+    url: Mapped[str] = mapped_column(String(2000))
+    run_id: Mapped[UUID | None] = mapped_column(Uuid)  # the run reported (no foreign key:
+    # a delivery outlives its session)
+    event: Mapped[str] = mapped_column(String(64))
+    # The exact JSON body that is signed and sent.
+    payload: Mapped[str] = mapped_column(Text)
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    delivered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_at", "id"),
+        Index("ix_webhook_deliveries_run", "run_id"),
+    )
+
+
+class RateWindow(Base):
+    """A fixed-window request counter shared by every replica (`limits/rate.py`)."""
+
+    __tablename__ = "rate_windows"
+
+    key: Mapped[str] = mapped_column(String(300), primary_key=True)
+    window_start: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class TokenUsage(Base):
+    """Input and output tokens of one session in one hour: what budgets and `GET /usage`
+    read. Every model call adds to its row (turns, summaries, collapses)."""
+
+    __tablename__ = "token_usage"
+
+    session_id: Mapped[UUID] = mapped_column(Uuid, primary_key=True)
+    hour: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(200))
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+
+    __table_args__ = (Index("ix_token_usage_tenant_hour", "tenant", "hour"),)

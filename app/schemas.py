@@ -154,6 +154,8 @@ class SessionFields(StrictModel):
     builtin_tools: list[BuiltinTool] | None = None
     max_tokens: int | None = Field(None, ge=1, le=128_000)
     thinking: ThinkingConfig | None = None
+    # Input + output tokens the session may use per budget period (null: no limit).
+    token_budget: int | None = Field(None, ge=1)
 
     @field_validator("system")
     @classmethod
@@ -203,6 +205,7 @@ class SessionOut(BaseModel):
     tools: list[dict[str, Any]]
     builtin_tools: list[str]
     max_tokens: int | None
+    token_budget: int | None
     thinking: dict[str, Any] | None
     compaction: EffectiveCompaction
     status: Literal["idle", "running", "requires_action"]
@@ -279,6 +282,9 @@ class TurnIn(DeliveryMode):
     content: UserContent
     parent_uuid: UUID | None = None
     if_busy: IfBusy = IfBusy.REJECT
+    # Told of this run's events (signed with the tenant's turn secret), beside the
+    # tenant's registered endpoints.
+    webhook_url: str | None = Field(None, min_length=8, max_length=2000)
 
     @field_validator("content")
     @classmethod
@@ -309,6 +315,11 @@ class RunError(BaseModel):
     pre_tokens: int | None = None
     post_tokens: int | None = None
     min_saving: float | None = None
+    # `budget_exceeded`: which budget (tenant, session), its limit, what was used, period
+    budget: Literal["tenant", "session"] | None = None
+    limit: int | None = None
+    used: int | None = None
+    period: str | None = None
 
 
 class ToolUseRequest(BaseModel):
@@ -397,3 +408,82 @@ class FileOut(BaseModel):
 class Health(BaseModel):
     status: str
     detail: str | None = None
+
+
+# --- webhooks ---------------------------------------------------------------------------
+
+WebhookEvent = Literal[
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+    "run.requires_action",
+    "compaction.completed",
+]
+
+
+class WebhookIn(StrictModel):
+    url: str = Field(min_length=8, max_length=2000)
+    events: list[WebhookEvent] = Field(min_length=1)
+
+
+class WebhookOut(BaseModel):
+    id: UUID
+    url: str
+    events: list[WebhookEvent]
+    created_at: datetime
+
+
+class WebhookCreated(WebhookOut):
+    secret: str = Field(description="The signing secret (whsec_...): shown only now")
+
+
+class WebhookDeliveryOut(BaseModel):
+    id: UUID = Field(description="Also the `webhook-id` header of every attempt")
+    endpoint_id: UUID | None = Field(description="None: a turn's own webhook_url")
+    url: str
+    run_id: UUID | None
+    event: WebhookEvent
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int
+    next_attempt_at: datetime | None
+    last_status: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
+    payload: dict[str, Any]
+
+
+class TurnSecretOut(BaseModel):
+    secret: str = Field(description="Signs the deliveries to a turn's own webhook_url")
+
+
+# --- usage and browser tokens -------------------------------------------------------------
+
+
+class SessionUsage(BaseModel):
+    session_id: UUID
+    input_tokens: int
+    output_tokens: int
+
+
+class UsageOut(BaseModel):
+    from_: datetime = Field(alias="from", serialization_alias="from")
+    to: datetime
+    input_tokens: int = Field(description="Every token the model read, cached or not")
+    output_tokens: int
+    sessions: list[SessionUsage]
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class TokenIn(StrictModel):
+    session_id: UUID
+    read_only: bool = False
+    ttl_seconds: int = Field(900, ge=10, description="Lifetime, at most the server's maximum")
+
+
+class TokenOut(BaseModel):
+    token: str
+    session_id: UUID
+    read_only: bool
+    expires_at: datetime

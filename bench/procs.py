@@ -94,6 +94,14 @@ def cpu_seconds(root: int) -> float:
     return sum(times.get(pid, 0.0) for pid in tree)
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of one process (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
     log_path = log_dir / f"{name}.log"
     log = log_path.open("wb")

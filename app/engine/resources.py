@@ -67,7 +67,7 @@ class Resources:
             db=db,
             events=EventHub(db, settings.event_flush_seconds),
             llm=make_model_client(settings),
-            views=ChainCache(settings.view_cache_messages),
+            views=ChainCache(settings.view_cache_bytes),
             retry=RetryPolicy.of(settings),
             hooks=hooks,
         )

@@ -23,6 +23,7 @@ from app.conversation.payloads import message_payload, run_json
 from app.conversation.records import MessageRecord, new_message
 from app.domain import ACTIVE_RUN_STATUSES, RunStatus, ToolResult
 from app.engine.events import EventHub, StoredEvent, dumps, event_rows
+from app.engine.webhooks import outbox
 from app.errors import Conflict, NotFound
 from app.models import AgentSession, Run, RunEvent
 from app.pagination import as_datetime, decode_cursor, page
@@ -117,6 +118,7 @@ async def append_events(
         after = int(stored or 0)
     batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
     await db.execute(insert(run_events_t), event_rows(run.id, batch))
+    await outbox.enqueue(db, run.id, ((e.event, e.data) for e in batch))
     run.last_event_seq = batch[-1].seq
     if notify:
         await hub.notify(db, run.id, batch[-1].seq)

@@ -3,7 +3,7 @@ runs executing here, and admission of new work. Built by `create_app`; nothing o
 lives at module level.
 
 Start-up checks the configuration against the bind address and the database, then
-starts the background loops (lease heartbeat and reaper). Shutdown stops accepting
+starts the background loops (lease heartbeat, reaper, webhook sender). Shutdown stops accepting
 work, tells open streams to reconnect, and hands unfinished runs back to the lease
 mechanism so nothing a client sent is lost.
 """
@@ -22,8 +22,10 @@ from sqlalchemy.exc import DBAPIError
 from app import auth
 from app.config import Settings
 from app.engine.admission import Admission
+from app.engine.quotas.rate import RateLimiter
 from app.engine.resources import Resources
 from app.engine.supervisor import Supervisor
+from app.engine.webhooks.sender import Sender
 from app.migrate import head_revision
 
 log = logging.getLogger("parley.runtime")
@@ -49,6 +51,8 @@ class Runtime:
         self.views = self.resources.views
         self.supervisor = Supervisor(self.resources)
         self.admission = Admission(self.resources, self.supervisor)
+        self.webhooks = Sender(self.db, settings)
+        self.rates = RateLimiter(self.db)
         self.migration_head = head_revision()
         self.open_mode = not settings.api_keys
         self._loops: list[asyncio.Task[None]] = []
@@ -68,6 +72,7 @@ class Runtime:
         self._loops = [
             asyncio.create_task(self.supervisor.heartbeat_loop(), name="parley-heartbeat"),
             asyncio.create_task(self.supervisor.reaper_loop(), name="parley-reaper"),
+            asyncio.create_task(self.webhooks.loop(), name="parley-webhooks"),
         ]
         log.info(
             "Parley started (model provider: %s, database: %s)",
@@ -97,4 +102,5 @@ class Runtime:
         await self.supervisor.shutdown()
         await self.events.stop()
         await self.resources.llm.aclose()
+        await self.webhooks.aclose()
         await self.db.dispose()

@@ -23,6 +23,7 @@ from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
 from app.engine.loop import execute
+from app.engine.quotas import running
 from app.engine.resources import Resources
 from app.errors import Conflict
 from app.models import AgentSession, Run
@@ -94,6 +95,8 @@ class Supervisor:
                 # oldest queued run is the one that starts.
                 session = await db.get(AgentSession, session_id, with_for_update=True)
                 if session is None or await runs.active(db, session_id) is not None:
+                    return None
+                if await running.at_limit(db, self.settings, session.tenant):
                     return None
                 run = await runs.oldest_queued(db, session_id)
                 if run is None:

@@ -1,7 +1,7 @@
 """runs.tool_answers: the client tool results each run accepted
 
 Revision ID: 5c1e8a9d2f47
-Revises: bf0933064c72
+Revises: 5aec6aebeedf
 Create Date: 2026-12-01 13:30:00.000000+00:00
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "5c1e8a9d2f47"
-down_revision: str | None = "bf0933064c72"
+down_revision: str | None = "5aec6aebeedf"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,7 +8,7 @@ import uuid
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.conversation import store
-from app.conversation.views import ChainCache
+from app.conversation.views import ChainCache, record_bytes
 from app.models import AgentSession
 from tests.api.seed import add, text
 
@@ -24,7 +24,7 @@ async def test_cached_views_match_the_store(conn: AsyncConnection) -> None:
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
         db.add(AgentSession(id=sid, tenant="t", model="m"))
         await db.commit()
-    cache = ChainCache(max_messages=1000)
+    cache = ChainCache()
     ids = []
     parent = None
     for i in range(6):
@@ -59,26 +59,45 @@ async def test_cached_views_match_the_store(conn: AsyncConnection) -> None:
             rows, nodes = await cache.view_records(db, sid, head)
             assert [str(r.uuid) for r in rows] == await fresh(conn, head), head
             assert [n.uuid for n in nodes] == [str(r.uuid) for r in rows]
-    assert cache.size == len(cache.entries[sid].records)
+    assert cache.size == sum(map(record_bytes, cache.entries[sid].records))
 
 
-async def test_cache_stays_within_its_bound(conn: AsyncConnection) -> None:
-    cache = ChainCache(max_messages=5)
+async def test_cache_is_bounded_in_bytes(conn: AsyncConnection) -> None:
+    """Least recently used sessions leave first, and a message's size is what it holds:
+    one large tool result weighs more than many short messages."""
     sessions = []
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
-        for _ in range(3):
+        for _ in range(4):
             sid = uuid.uuid4()
             db.add(AgentSession(id=sid, tenant="t", model="m"))
             sessions.append(sid)
         await db.commit()
     heads = {}
-    for sid in sessions:
+    for n, sid in enumerate(sessions):
         parent = None
         for i in range(2):
-            parent = await add(conn, str(sid), parent, **text("user", f"{i}"))
+            body = "x" * 200_000 if n == 3 and i == 1 else f"{i}"
+            parent = await add(conn, str(sid), parent, **text("user", body))
         heads[sid] = parent
+    sizes = {}
     async with AsyncSession(bind=conn, join_transaction_mode="create_savepoint") as db:
         for sid in sessions:
+            rows, _ = await ChainCache().view_records(db, sid, heads[sid])
+            sizes[sid] = sum(map(record_bytes, rows))
+        small, large = sessions[:3], sessions[3]
+        assert sizes[large] > 200_000 > 10 * max(sizes[sid] for sid in small)
+
+        cache = ChainCache(max_bytes=sizes[small[1]] + sizes[small[2]])
+        for sid in small:
             await cache.view_records(db, sid, heads[sid])
-    assert cache.size <= 5
-    assert list(cache.entries) == sessions[1:]
+        assert list(cache.entries) == small[1:]
+        assert cache.size == sizes[small[1]] + sizes[small[2]]
+
+        await cache.view_records(db, large, heads[large])  # larger than the bound: not kept
+        assert list(cache.entries) == small[1:]
+
+        roomy = ChainCache(max_bytes=sizes[large] + sizes[small[0]])
+        for sid in [*small, large]:
+            await roomy.view_records(db, sid, heads[sid])
+        assert list(roomy.entries) == [small[2], large]  # the big one pushed two out
+        assert roomy.size <= roomy.max_bytes

@@ -81,7 +81,9 @@ async def browser() -> AsyncIterator[Browser]:
 async def server(database_url: str, engine: AsyncEngine) -> AsyncIterator[LiveServer]:
     """The service with the offline model, for a tenant of its own (so the session list
     holds only what these tests create)."""
-    async with live_server(database_url, engine, api_keys=[f"browser:{BROWSER_KEY}"]) as server:
+    async with live_server(
+        database_url, engine, api_keys=[f"browser:{BROWSER_KEY}"], secret_key="b" * 40
+    ) as server:
         server.runtime.resources.llm = OfflineModel(delay=MODEL_DELAY_SECONDS)
         yield server
 

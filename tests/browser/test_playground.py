@@ -449,3 +449,21 @@ async def test_tool_results_cut_off_on_the_way_are_sent_again(
         chain = (await api.get(f"/sessions/{session}/messages")).json()["data"]
     results = [m for m in chain if m["content"][0]["type"] == "tool_result"]
     assert len(results) == 1
+
+
+async def test_a_browser_token_opens_its_session(playground: Playground) -> None:
+    """A page given a browser token instead of the tenant's key opens the token's session
+    (it may not list the others) and talks there."""
+    ui = playground
+    async with ui.api() as api:
+        sid = (await api.post("/sessions", json={"title": "Token chat"})).json()["id"]
+        minted = await api.post("/tokens", json={"session_id": sid})
+        token = minted.json()["token"]
+    key = ui.page.get_by_label("API key")
+    await key.fill(token)
+    await key.press("Enter")
+    await expect(ui.page.get_by_role("heading", name="Token chat", exact=True)).to_be_visible()
+    assert await ui.session_id() == sid
+    await ui.send("Hello through a token")
+    await expect(ui.messages("Assistant").last).to_contain_text(ECHO + "Hello through a token")
+    await ui.shot("token-chat")

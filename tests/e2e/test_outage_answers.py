@@ -9,10 +9,11 @@ import asyncio
 import httpx
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from app.config import normalize_database_url
 from app.main import create_app
 from app.migrate import upgrade
 from tests.conftest import TEST_KEY, make_settings
-from tests.throwaway_pg import throwaway_cluster
+from tests.pg_cluster import Cluster
 
 
 def assert_unavailable(response: httpx.Response) -> None:
@@ -26,11 +27,12 @@ def assert_unavailable(response: httpx.Response) -> None:
 
 
 async def test_requests_during_an_outage_answer_503() -> None:
-    with throwaway_cluster() as cluster:
-        engine = create_async_engine(cluster.url)
+    with Cluster() as cluster:
+        url = normalize_database_url(cluster.url)
+        engine = create_async_engine(url)
         await upgrade(engine)
         await engine.dispose()
-        app = create_app(make_settings(cluster.url))
+        app = create_app(make_settings(url))
         transport = httpx.ASGITransport(app=app)
         headers = {"Authorization": f"Bearer {TEST_KEY}"}
         async with httpx.AsyncClient(

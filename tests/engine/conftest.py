@@ -304,7 +304,7 @@ def build_resources(engine: AsyncEngine, settings: Settings, model: ScriptedMode
         db=db,
         events=EventHub(db, settings.event_flush_seconds),
         llm=model,
-        views=ChainCache(settings.view_cache_messages),
+        views=ChainCache(settings.view_cache_bytes),
         retry=RetryPolicy.of(settings),
         worker_id=f"engine-test:{uuid.uuid4().hex[:8]}",
     )

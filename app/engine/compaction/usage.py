@@ -1,5 +1,6 @@
 """What the model calls of compaction cost, counted like a turn's: on the run that made
-them, on the session's counters and in the metrics. A summary that is thrown away (a
+them, on the session's counters, in the hourly usage budgets read, and in the
+metrics. A summary that is thrown away (a
 compaction refused because it would not gain enough) was still paid for."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from app import metrics
 from app.conversation.store import sessions_t
 from app.domain import usage_counts
 from app.engine.handle import RunHandle
+from app.engine.quotas import budgets
 from app.engine.resources import Resources
 
 
@@ -40,6 +42,7 @@ async def charge_run(run: RunHandle, usage: dict[str, Any] | None) -> None:
             .where(sessions_t.c.id == run.session.id)
             .values(**_session_counters(counts))
         )
+        await budgets.record(step.db, run.session.tenant, run.session.id, counts)
     _observe(counts)
 
 
@@ -52,9 +55,12 @@ async def charge_session(
     if not counts:
         return
     async with resources.db.transaction() as db:
-        await db.execute(
+        tenant = await db.scalar(
             update(sessions_t)
             .where(sessions_t.c.id == session_id)
             .values(**_session_counters(counts))
+            .returning(sessions_t.c.tenant)
         )
+        if tenant is not None:
+            await budgets.record(db, tenant, session_id, counts)
     _observe(counts)

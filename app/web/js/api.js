@@ -11,6 +11,19 @@ export const apiKey = {
   },
 };
 
+/** The session a browser token (`pbt_...`, minted by POST /tokens) is scoped to; null
+ * for a tenant key. The token's claims are readable JSON; only the server can check them. */
+export function tokenSession(key) {
+  if (!key.startsWith("pbt_")) return null;
+  try {
+    const claims = key.slice(4).split(".")[0].replace(/-/g, "+").replace(/_/g, "/");
+    const padded = claims + "=".repeat((4 - (claims.length % 4)) % 4);
+    return JSON.parse(atob(padded)).s || null;
+  } catch {
+    return null;
+  }
+}
+
 export class ApiError extends Error {
   constructor(status, problem) {
     super(problem?.detail || problem?.title || `HTTP ${status}`);

@@ -2,7 +2,7 @@
 // streamed and followed to the end; then `refresh()` reloads the session's state from
 // the service (the chain, the tree, the context, runs and files) and draws it.
 
-import { api, allPages, apiKey, headers, ApiError } from "./api.js";
+import { api, allPages, apiKey, headers, ApiError, tokenSession } from "./api.js";
 import { ChatView } from "./chat.js";
 import { renderContext } from "./context.js";
 import { $, $$, h, fill, num, short } from "./dom.js";
@@ -96,6 +96,12 @@ class Playground extends TurnActions {
   }
 
   async start() {
+    // A browser token reaches one session and cannot list the others: open that one.
+    const scoped = tokenSession(apiKey.get());
+    if (scoped) {
+      await this.open(scoped);
+      return;
+    }
     await this.sessions.reload();
     const id = sessionFromHash();
     if (id) await this.open(id);
