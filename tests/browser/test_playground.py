@@ -5,6 +5,7 @@ tool for a line `/tool Name {json}`)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from playwright.async_api import Locator, expect
@@ -410,6 +411,44 @@ async def test_a_discarded_partial_reply_gives_way_to_the_retry(
     samples: list[str] = await ui.page.evaluate("window.__samples")
     assert any(sample.startswith("partial") for sample in samples), samples
     assert not any("partial" in sample and "whole" in sample for sample in samples), samples
+
+
+@pytest.mark.parametrize("arrived", [True, False], ids=["answer-lost", "request-lost"])
+async def test_tool_results_cut_off_on_the_way_are_sent_again(
+    playground: Playground, arrived: bool
+) -> None:
+    """The connection drops after the service took the results (the answer is lost) or
+    before (the request is): the page sends them again, and the service, which accepts
+    them once, answers as it did the first time or takes them now."""
+    ui = playground
+    await ui.enter_key()
+    await ui.new_session("Cut off", client_tool=True)
+    await ui.send(
+        '/tool ask_user {"question": "Favourite colour?"}',
+        until="The model called ask_user: answer it in the conversation",
+    )
+    posts: list[int] = []
+
+    async def cut_the_first(route: Any) -> None:
+        posts.append(len(posts))
+        if len(posts) > 1:
+            await route.continue_()
+            return
+        if arrived:
+            await route.fetch()  # the service stores the results and runs on
+        await route.abort("connectionreset")
+
+    await ui.page.route("**/tool_results", cut_the_first)
+    await ui.page.get_by_role("textbox", name="Result for ask_user").fill("green")
+    await ui.page.get_by_role("button", name="Send result").click()
+    await expect(ui.status).to_have_text("Reply complete")
+    await expect(ui.messages("Assistant").last).to_contain_text('First line: "green"')
+    assert len(posts) == 2
+    session = await ui.session_id()
+    async with ui.api() as api:
+        chain = (await api.get(f"/sessions/{session}/messages")).json()["data"]
+    results = [m for m in chain if m["content"][0]["type"] == "tool_result"]
+    assert len(results) == 1
 
 
 async def test_a_browser_token_opens_its_session(playground: Playground) -> None:

@@ -147,7 +147,7 @@ async def test_every_event_once_across_replicas_and_an_outage(
         }
         body = next(r.body for r in receiver.received if r.path == "turn")
         assert body["session_id"] == s2
-        assert body["data"]["error"]["type"] == "upstream_error"
+        assert body["data"]["error"]["type"] == "request_refused"  # the API's 400
 
         # Redeliver sends the same message again, with the same webhook-id: an endpoint's
         # (by its route) and a turn's own (by the tenant-wide route).

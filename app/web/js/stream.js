@@ -18,9 +18,10 @@ export class Stopped extends Error {}
 
 /**
  * open(signal): Promise<Response> for the first connection (or null to start by
- * reconnecting). When that connection breaks before `run.started` names the run, it is
- * opened again if `reopen` (a POST with an Idempotency-Key answers with the same run,
- * its events from the start), else findRun() looks the run up. onEvent(name, data, id) applies one event; onLink(state)
+ * reconnecting). When that connection breaks before `run.started` names the run, or
+ * before it answered at all, it is opened again if `reopen` (a POST with an
+ * Idempotency-Key answers with the same run, its events from the start; tool results
+ * sent again answer as the first post did), else findRun() looks the run up. onEvent(name, data, id) applies one event; onLink(state)
  * hears "live", "reconnecting" or "offline". stop: an AbortSignal that ends following
  * (the page moved to another session); the run itself goes on.
  * Resolves with {event, data, runId, lastId} at the event that settled the run.
@@ -37,6 +38,7 @@ export async function followRun({
   stop,
 }) {
   let first = Boolean(open);
+  let answered = false; // the first connection got an answer: it was received
   let failures = 0;
   for (;;) {
     if (stop?.aborted) throw new Stopped();
@@ -54,9 +56,10 @@ export async function followRun({
     try {
       touch();
       let response;
-      if (first || (reopen && !runId)) {
+      if (first || (reopen && (!runId || !answered))) {
         first = false;
         response = await open(connection.signal);
+        answered = response.ok;
       } else {
         if (!runId && findRun) runId = await findRun();
         if (!runId) throw new ApiError(409, { detail: "The run did not start; try again." });

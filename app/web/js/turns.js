@@ -103,6 +103,7 @@ export class TurnActions {
     await this.turn(this.streamPost(`/sessions/${this.session.id}/runs/${id}/tool_results`, { results }), {
       runId: id,
       lastId,
+      reopen: true, // results are accepted once: sending them again is safe
     });
   }
 
