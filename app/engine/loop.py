@@ -29,7 +29,8 @@ from sqlalchemy import Row, Table, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
-from app.context.estimates import REQUEST_ESTIMATE, request_estimate
+from app.context.estimates import REQUEST_ESTIMATE, request_estimate, usage_input
+from app.context.limits import Limits
 from app.context.request import build_body
 from app.context.session import SessionConfig
 from app.context.types import Block, Node
@@ -41,6 +42,7 @@ from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
 from app.engine import refusal, runs
 from app.engine.compaction import layers
+from app.engine.compaction.collapse import worth_checking
 from app.engine.events import LostOwnership
 from app.engine.handle import RunStep
 from app.engine.llm.errors import ModelError, PromptTooLong
@@ -85,6 +87,10 @@ class TurnRunner:
         self._config = sessions.config_of(session, self.settings)
         self._head: uuid.UUID | None = session.head_uuid
         self._fresh_session = True
+        # The figure of the view whose last message is `_estimated_head` (a reply of this
+        # run: its measured input and output tokens), for the collapse check after the run.
+        self._estimated_head: uuid.UUID | None = None
+        self._estimate = 0
         self.pending_results: dict[str, ToolResult] = {}
         self.queued_next = True  # until `finish` has looked
         self.resumed = bool(run.takeovers)  # taken over from a process that stopped
@@ -239,6 +245,14 @@ class TurnRunner:
             self._config = sessions.config_of(session, self.settings)
         return await layers.before_request(self)
 
+    def may_collapse(self) -> bool:
+        """Whether the collapse check after the run may find work. Decided in memory when
+        the run ended on a reply whose usage measured the view; otherwise the check
+        loads the view."""
+        if self._head is None or self._head != self._estimated_head:
+            return True
+        return worth_checking(Limits.of(self._config), self._estimate)
+
     # --- storing -------------------------------------------------------------------
 
     def _message(self, content: list[Block], **fields: Any) -> MessageRecord:
@@ -278,6 +292,10 @@ class TurnRunner:
                 step.report("message.completed", message_payload(record))
 
         await self.durably(stored)
+        measured_input = usage_input(usage)
+        if measured_input > 0:
+            self._estimated_head = msg_uuid
+            self._estimate = measured_input + usage.get("output_tokens", 0)
         for kind, value in usage.items():
             metrics.model_tokens.labels(kind).inc(value)
         self.reply.take_partial()

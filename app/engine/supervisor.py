@@ -88,7 +88,8 @@ class Supervisor:
         if runner is not None and not self.shutting_down.is_set():
             if runner.queued_next:
                 await self.start_next_queued(runner.session.id)
-            self._in_background(self._collapse(runner.session.id))
+            if runner.may_collapse():
+                self._in_background(self._collapse(runner.session.id))
 
     def _in_background(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(coro)

@@ -397,3 +397,20 @@ async def test_context_collapse_projects_finished_spans(h: Harness) -> None:
     assert not [m for m in full if m.subtype in ("collapsed", COMPACT_BOUNDARY)]
     assert len(full) > len(view.projected)
     await h.next_request(session.id)
+
+
+async def test_collapse_check_after_a_run_is_decided_from_its_last_reply(h: Harness) -> None:
+    """A run that ends on a reply knows the view's size from its usage: below half of
+    the collapse point the supervisor loads nothing; past it, the check runs."""
+    session = await h.new_session(compaction={"threshold_tokens": 40_000, "collapse_at": 0.5})
+    h.model.script(reply("short", usage={"input_tokens": 200}))
+    run, claimed = await h.claim(session.id, "hi")
+    runner = await h.execute(run, claimed)
+    assert runner is not None
+    assert not runner.may_collapse()
+
+    h.model.script(reply("long", usage={"input_tokens": 9_000, "output_tokens": 1_500}))
+    run, claimed = await h.claim(session.id, "more")
+    runner = await h.execute(run, claimed)
+    assert runner is not None
+    assert runner.may_collapse()

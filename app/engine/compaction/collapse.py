@@ -30,6 +30,12 @@ COLLAPSE_INSTRUCTION = (
 )
 
 
+def worth_checking(limits: Limits, estimate: int) -> bool:
+    """Whether a view of `estimate` tokens is past half of the collapse point: below it
+    no span is summarised, so short sessions never pay for the check."""
+    return estimate >= 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold
+
+
 async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spans: int = 3) -> int:
     """Summarise older completed spans of the chain into collapse rows (not applied yet).
     Runs only once the session is past half of the collapse point, so short sessions
@@ -43,8 +49,7 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
         view = await load_view(
             db, resources.views, session_id, session.head_uuid, config.compactable
         )
-    estimate = anchored_estimate(config, view.projected)
-    if estimate < 0.5 * limits.compaction.collapse_at * limits.auto_compact_threshold:
+    if not worth_checking(limits, anchored_estimate(config, view.projected)):
         return 0
     existing = [(start, end) for start, end, _ in span_indices(view.nodes, view.collapses)]
     spans = plan_collapse_spans(view.nodes, skip=existing)[:max_spans]
