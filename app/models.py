@@ -61,6 +61,9 @@ class AgentSession(Base):
     cache_read_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_creation_input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     compact_failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Bumped by every write of the session's marks (snips, micro watermarks, collapses):
+    # a cached copy of the marks read at this version is still the truth.
+    marks_version: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Input + output tokens this session may use per budget period (None: no limit).
     token_budget: Mapped[int | None] = mapped_column(BigInteger)
     last_request_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

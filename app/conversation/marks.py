@@ -1,17 +1,22 @@
 """Context marks: snips, micro-compaction watermarks and collapse spans. Each is a row
 tied to a message, so it stays right after a head move, a fork or a compaction's
-verbatim copies (which take copies of the marks of the rows they copy)."""
+verbatim copies (which take copies of the marks of the rows they copy).
+
+Every writer here bumps the session's `marks_version` in the same transaction, so a
+copy of the marks read at a version (the view cache keeps one) is known to be current
+when the session row shows that version: the hot path then skips the marks query."""
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     DateTime,
     Integer,
+    Table,
     Text,
     Uuid,
     bindparam,
@@ -24,7 +29,9 @@ from sqlalchemy import (
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.projection import CollapseSpan
-from app.models import Collapse, MicroWatermark, Snip
+from app.models import AgentSession, Collapse, MicroWatermark, Snip
+
+sessions_t = cast(Table, AgentSession.__table__)
 
 
 @dataclass
@@ -107,26 +114,41 @@ async def snipped_among(db: AsyncSession, uuids: list[uuid.UUID]) -> set[uuid.UU
     return set(await db.scalars(select(Snip.message_uuid).where(Snip.message_uuid.in_(uuids))))
 
 
-def add_snips(db: AsyncSession, session_id: uuid.UUID, uuids: list[uuid.UUID]) -> None:
+async def bump(db: AsyncSession, session_id: uuid.UUID) -> None:
+    """The session's marks change in this transaction: copies read before are stale."""
+    await db.execute(
+        update(sessions_t)
+        .where(sessions_t.c.id == session_id)
+        .values(marks_version=sessions_t.c.marks_version + 1)
+    )
+
+
+async def add_snips(db: AsyncSession, session_id: uuid.UUID, uuids: list[uuid.UUID]) -> None:
+    if uuids:
+        await bump(db, session_id)
     for message_uuid in uuids:
         db.add(Snip(session_id=session_id, message_uuid=message_uuid))
 
 
-def add_watermark(
+async def add_watermark(
     db: AsyncSession, session_id: uuid.UUID, anchor_uuid: uuid.UUID, tokens_freed: int
 ) -> None:
     db.add(
         MicroWatermark(session_id=session_id, anchor_uuid=anchor_uuid, tokens_freed=tokens_freed)
     )
+    await bump(db, session_id)
 
 
-async def mark_applied(db: AsyncSession, spans: list[CollapseSpan], when: datetime) -> None:
+async def mark_applied(
+    db: AsyncSession, session_id: uuid.UUID, spans: list[CollapseSpan], when: datetime
+) -> None:
     await db.execute(
         update(Collapse).where(Collapse.id.in_([span.id for span in spans])).values(applied_at=when)
     )
+    await bump(db, session_id)
 
 
-def add_collapse(
+async def add_collapse(
     db: AsyncSession,
     session_id: uuid.UUID,
     *,
@@ -136,6 +158,7 @@ def add_collapse(
     tokens_saved: int,
     model: str | None,
 ) -> None:
+    await bump(db, session_id)
     db.add(
         Collapse(
             session_id=session_id,
@@ -189,3 +212,4 @@ async def copy_marks(
                     created_at=span.created_at,
                 )
             )
+    await bump(db, target_id)

@@ -60,6 +60,6 @@ async def snip(
         raise Conflict(problem)
     unique = list(dict.fromkeys(uuids))
     existing = await marks.snipped_among(db, unique)
-    marks.add_snips(db, session.id, [u for u in unique if u not in existing])
+    await marks.add_snips(db, session.id, [u for u in unique if u not in existing])
     await db.flush()
     return unique

@@ -4,6 +4,7 @@ projected over it (`context.projection`; history itself unchanged)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class CachedChain:
     records: list[MessageRecord]
     nodes: list[Node]
     size: int  # bytes, by `record_bytes`
+    marks: marks.Marks | None = None  # the session's marks as read at `marks_version`
+    marks_version: int | None = None
 
 
 class ChainCache:
@@ -83,8 +86,31 @@ class ChainCache:
         else:  # another branch, an older node, or past a new compact boundary
             records, nodes, size = walked, new_nodes, walked_size
         if keep or cached is not None:
-            self._put(session_id, CachedChain(head, records, nodes, size))
+            chain = CachedChain(head, records, nodes, size)
+            if cached is not None:
+                chain.marks, chain.marks_version = cached.marks, cached.marks_version
+            self._put(session_id, chain)
         return records, nodes
+
+    def marks_at(self, session_id: uuid.UUID, version: int) -> marks.Marks | None:
+        """The session's marks kept at `version`, if that is the version kept (no I/O)."""
+        cached = self.entries.get(session_id)
+        if cached is None or cached.marks_version != version:
+            return None
+        return cached.marks
+
+    def forget_marks(self, session_id: uuid.UUID) -> None:
+        """A run changed the marks after reading the session row it holds: read again."""
+        cached = self.entries.get(session_id)
+        if cached is not None:
+            cached.marks, cached.marks_version = None, None
+
+    def keep_marks(self, session_id: uuid.UUID, version: int, found: marks.Marks) -> None:
+        """Keep marks read no earlier than the session row showing `version` (read in a
+        committed state: marks are only ever added or applied, so newer is still true)."""
+        cached = self.entries.get(session_id)
+        if cached is not None:
+            cached.marks, cached.marks_version = found, version
 
     def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[MessageRecord] | None:
         """The cached records of that exact view, if any (no I/O)."""
@@ -143,9 +169,17 @@ async def load_view(
     compactable: frozenset[str],
     *,
     keep: bool = True,
+    marks_version: int | None = None,
 ) -> ChainView:
+    """The view at `head`. `marks_version`, from a committed read of the session row
+    (never one this transaction changed), lets the cached marks stand in for the
+    query when they were read at that version."""
     records, nodes = await cache.view_records(db, session_id, head, keep)
-    found = await marks.load(db, session_id)
+    found = cache.marks_at(session_id, marks_version) if marks_version is not None else None
+    if found is None:
+        found = await marks.load(db, session_id)
+        if marks_version is not None:
+            cache.keep_marks(session_id, marks_version, found)
     anchors = found.watermark_anchors
     index = {node.uuid: i for i, node in enumerate(nodes)} if anchors or found.collapses else {}
     positions = [index[anchor] for anchor in anchors if anchor in index]
@@ -155,7 +189,10 @@ async def load_view(
         watermark=max(positions) if positions else None,
         compactable=compactable,
         snipped=found.snipped & {node.uuid for node in nodes} if found.snipped else set(),
-        collapses=[span for _, _, span in span_indices(nodes, found.collapses)],
+        # Copies: a view marks its spans applied in memory; the cached marks stay as read.
+        collapses=[
+            dataclasses.replace(span) for _, _, span in span_indices(nodes, found.collapses)
+        ],
     )
     view.reproject()
     return view

@@ -5,12 +5,13 @@ context collapse."""
 from __future__ import annotations
 
 import itertools
+import uuid
 from typing import Any
 
 from app.context.summary_prompt import SUMMARY_MARKER
 from app.context.types import CLEARED_TOOL_RESULT, COMPACT_BOUNDARY, COMPACT_SUMMARY
-from app.conversation import context_report
-from app.conversation.views import ChainCache
+from app.conversation import context_report, marks, sessions
+from app.conversation.views import ChainCache, load_view
 from app.domain import RunKind, RunStatus
 from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION, collapse_spans
 from app.engine.compaction.layers import MAX_CONSECUTIVE_FAILURES
@@ -414,3 +415,38 @@ async def test_collapse_check_after_a_run_is_decided_from_its_last_reply(h: Harn
     runner = await h.execute(run, claimed)
     assert runner is not None
     assert runner.may_collapse()
+
+
+async def test_marks_are_cached_with_the_version_that_every_writer_bumps(h: Harness) -> None:
+    """The view cache keeps the marks it read with the session's `marks_version`; a
+    writer of marks bumps it, so the next view at the row's version reads them again."""
+    session = await h.new_session()
+    for text in ("one", "two"):
+        h.model.script(reply(f"answer {text}"))
+        await h.turn(session.id, text)
+    session = await h.session(session.id)
+    views = ChainCache()
+    config = sessions.config_of(session, h.settings)
+    version = session.marks_version
+    async with h.db.sessionmaker() as db:
+        first = await load_view(
+            db, views, session.id, session.head_uuid, config.compactable, marks_version=version
+        )
+    assert first.snipped == set()
+    assert views.marks_at(session.id, version) is not None
+    snipped = [uuid.UUID(first.nodes[0].uuid), uuid.UUID(first.nodes[1].uuid)]
+    async with h.db.transaction() as db:
+        await marks.add_snips(db, session.id, snipped)
+    session = await h.session(session.id)
+    assert session.marks_version == version + 1
+    async with h.db.sessionmaker() as db:
+        again = await load_view(
+            db,
+            views,
+            session.id,
+            session.head_uuid,
+            config.compactable,
+            marks_version=session.marks_version,
+        )
+    assert again.snipped == {str(u) for u in snipped}
+    assert str(snipped[0]) not in {node.uuid for node in again.projected}

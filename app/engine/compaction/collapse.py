@@ -77,7 +77,7 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
         if saved <= 0:
             continue
         async with resources.db.transaction() as db:
-            marks.add_collapse(
+            await marks.add_collapse(
                 db,
                 session_id,
                 start_uuid=uuid.UUID(nodes[0].uuid),

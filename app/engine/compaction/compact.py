@@ -60,7 +60,12 @@ async def current_view(run: RunHandle) -> ChainView:
     resources = run.resources
     async with resources.db.sessionmaker() as db:
         return await load_view(
-            db, resources.views, run.session.id, run.head, run.config.compactable
+            db,
+            resources.views,
+            run.session.id,
+            run.head,
+            run.config.compactable,
+            marks_version=run.session.marks_version,
         )
 
 
@@ -317,7 +322,7 @@ async def store_compaction(
         await marks.copy_marks(step.db, session_id, session_id, copies)
         if micro is not None:  # the kept part's older results, cleared now (settled_kept)
             anchor = uuid.UUID(planned.kept[micro.watermark].uuid)
-            marks.add_watermark(step.db, session_id, copies[anchor], micro.tokens_freed)
+            await marks.add_watermark(step.db, session_id, copies[anchor], micro.tokens_freed)
         await step.db.execute(
             update(AgentSession).where(AgentSession.id == session_id).values(compact_failures=0)
         )
@@ -332,6 +337,7 @@ async def store_compaction(
                 "post_tokens": post_tokens,
             },
         )
+    run.resources.views.forget_marks(session_id)  # the run's copy of the row is older
     return CompactionOutcome(
         boundary_uuid=boundary.uuid,
         summary_uuid=summary_row.uuid,

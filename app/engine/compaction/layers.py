@@ -54,7 +54,8 @@ async def before_request(run: RunHandle) -> list[Node]:
         if planned is not None:
             async with resources.db.transaction() as db:
                 anchor = uuid.UUID(view.nodes[planned.watermark].uuid)
-                marks.add_watermark(db, session.id, anchor, planned.tokens_freed)
+                await marks.add_watermark(db, session.id, anchor, planned.tokens_freed)
+            resources.views.forget_marks(session.id)  # the run's copy of the row is older
             view.watermark = planned.watermark
             view.reproject()
             log.info(
@@ -67,7 +68,8 @@ async def before_request(run: RunHandle) -> list[Node]:
     if pending and estimate > settings.collapse_at * limits.auto_compact_threshold:
         applied_at = datetime.now(UTC)
         async with resources.db.transaction() as db:
-            await marks.mark_applied(db, pending, applied_at)
+            await marks.mark_applied(db, session.id, pending, applied_at)
+        resources.views.forget_marks(session.id)
         for span in pending:
             span.applied_at = applied_at
         view.reproject()
