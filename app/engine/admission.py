@@ -180,9 +180,19 @@ class Admission:
             last_event_seq=0,
             created_at=runs.now(),
         )
-        if active is not None or crowded is not None:  # both only with `enqueue` here
+        # An idle session whose queued turns have not started yet (the run before just
+        # ended): this one goes behind them, and the oldest starts now.
+        waiting = (
+            active is None
+            and crowded is None
+            and if_busy == IfBusy.ENQUEUE
+            and await runs.has_queued(db, session.id)
+        )
+        if active is not None or crowded is not None or waiting:  # only with `enqueue`
             db.add(run)
             await db.flush()
+            if waiting:
+                after_commit(db, lambda: self.supervisor.start_queued_soon(session.id))
             return run
         resources = self.resources
         await runs.claim(

@@ -190,18 +190,20 @@ class TurnRunner:
                 await layers.reactive(self, exc)
                 continue
             reactive_tried = False
-            await self.store_assistant(msg_uuid, done, measured)
             uses = [block for block in done.content if block.get("type") == "tool_use"]
+            goes_on = bool(uses) or (
+                done.stop_reason == "max_tokens" and continuations < self.settings.max_continuations
+            )
+            # The final reply and the run's end are one step.
+            await self.store_assistant(msg_uuid, done, measured, finish=not goes_on)
+            if not goes_on:
+                return
             if uses:
                 if await self.run_tools(uses, set(done.truncated_tool_use_ids)):
                     return  # paused for client tools
                 continue
-            if done.stop_reason == "max_tokens" and continuations < self.settings.max_continuations:
-                continuations += 1
-                await self.store_user([{"type": "text", "text": CONTINUE_TEXT}], is_meta=True)
-                continue
-            break
-        await self.finish(RunStatus.COMPLETED)
+            continuations += 1
+            await self.store_user([{"type": "text", "text": CONTINUE_TEXT}], is_meta=True)
 
     async def resume(self) -> bool:
         """Go on from what is stored after a take-over: run the tools of a stored reply
@@ -265,8 +267,15 @@ class TurnRunner:
         )
 
     async def store_assistant(
-        self, msg_uuid: uuid.UUID, done: MessageDone, measured: int | None = None
+        self,
+        msg_uuid: uuid.UUID,
+        done: MessageDone,
+        measured: int | None = None,
+        *,
+        finish: bool = False,
     ) -> None:
+        """Store a reply; with `finish` (the run's final reply) the run completes in the
+        same step."""
         usage = {key: int(value) for key, value in done.usage.items() if isinstance(value, int)}
         for key, value in usage.items():
             self.run_usage[key] = self.run_usage.get(key, 0) + value
@@ -290,8 +299,13 @@ class TurnRunner:
                 await budgets.record(step.db, self._session.tenant, self._session.id, usage)
                 step.run_values.update(usage=self.run_usage, state=self.state, streaming_uuid=None)
                 step.report("message.completed", message_payload(record))
+                if finish:
+                    ended.append(await self._end_in(step, RunStatus.COMPLETED, None, None))
 
+        ended: list[bool] = []
         await self.durably(stored)
+        if ended and ended[-1]:
+            metrics.runs_total.labels(self.kind, RunStatus.COMPLETED).inc()
         measured_input = usage_input(usage)
         if measured_input > 0:
             self._estimated_head = msg_uuid
@@ -413,37 +427,49 @@ class TurnRunner:
         also: Callable[[RunStep], Awaitable[None]] | None,
     ) -> bool:
         async with self.step() as step:
-            step.log.final = True
-            run = await self.update_run(
-                step.db,
-                status=status,
-                error=error,
-                finished_at=runs.now(),
-                lease_expires_at=None,
-                required_action=None,
-                state=self.state,
-                streaming_uuid=None,
-                cancel_requested_at=None,
-            )
-            if run is not None:
-                if also is not None:
-                    await also(step)
-                step.report(f"run.{status}", run_json(run))
-                # Whether a queued turn waits for this session (it starts right after).
-                self.queued_next = (
-                    await step.db.scalar(
-                        select(runs_t.c.id)
-                        .where(
-                            runs_t.c.session_id == self._session.id,
-                            runs_t.c.status == RunStatus.QUEUED,
-                        )
-                        .limit(1)
-                    )
-                    is not None
-                )
+            ended = await self._end_in(step, status, error, also)
+        if ended:
+            metrics.runs_total.labels(self.kind, status).inc()
+        return ended
+
+    async def _end_in(
+        self,
+        step: RunStep,
+        status: RunStatus,
+        error: dict[str, Any] | None,
+        also: Callable[[RunStep], Awaitable[None]] | None,
+    ) -> bool:
+        """In `step`: mark the run finished (unless someone else already did) and report
+        it; whether it was this step that ended it."""
+        step.log.final = True
+        run = await self.update_run(
+            step.db,
+            status=status,
+            error=error,
+            finished_at=runs.now(),
+            lease_expires_at=None,
+            required_action=None,
+            state=self.state,
+            streaming_uuid=None,
+            cancel_requested_at=None,
+        )
         if run is None:
             return False
-        metrics.runs_total.labels(self.kind, status).inc()
+        if also is not None:
+            await also(step)
+        step.report(f"run.{status}", run_json(run))
+        # Whether a queued turn waits for this session (it starts right after).
+        self.queued_next = (
+            await step.db.scalar(
+                select(runs_t.c.id)
+                .where(
+                    runs_t.c.session_id == self._session.id,
+                    runs_t.c.status == RunStatus.QUEUED,
+                )
+                .limit(1)
+            )
+            is not None
+        )
         return True
 
     async def stop_cancelled(self) -> None:

@@ -98,6 +98,11 @@ async def by_idempotency_key(db: AsyncSession, session_id: uuid.UUID, key: str) 
     )
 
 
+async def has_queued(db: AsyncSession, session_id: uuid.UUID) -> bool:
+    queued = select(Run.id).where(Run.session_id == session_id, Run.status == RunStatus.QUEUED)
+    return await db.scalar(queued.limit(1)) is not None
+
+
 async def oldest_queued(db: AsyncSession, session_id: uuid.UUID) -> Run | None:
     """The next queued run to start, locked until the caller's transaction ends: one
     that another transaction is starting right now is skipped (it starts once)."""

@@ -103,6 +103,11 @@ class Supervisor:
         except Exception:
             log.exception("context collapse failed for session %s", session_id)
 
+    def start_queued_soon(self, session_id: uuid.UUID) -> None:
+        """Start the oldest queued turn of the session in the background (if it is idle)."""
+        if not self.shutting_down.is_set():
+            self._in_background(self.start_next_queued(session_id))
+
     async def start_next_queued(self, session_id: uuid.UUID) -> uuid.UUID | None:
         """Claim the oldest queued run of an idle session; its user message is stored
         now, under the head of this moment."""
