@@ -300,7 +300,11 @@ class TurnRunner:
                 step.run_values.update(usage=self.run_usage, state=self.state, streaming_uuid=None)
                 step.report("message.completed", message_payload(record))
                 if finish:
-                    ended.append(await self._end_in(step, RunStatus.COMPLETED, None, None))
+                    ended.append(
+                        await self._end_in(
+                            step, RunStatus.COMPLETED, None, None, usage=self.run_usage
+                        )
+                    )
 
         ended: list[bool] = []
         await self.durably(stored)
@@ -438,12 +442,14 @@ class TurnRunner:
         status: RunStatus,
         error: dict[str, Any] | None,
         also: Callable[[RunStep], Awaitable[None]] | None,
+        **values: Any,
     ) -> bool:
-        """In `step`: mark the run finished (unless someone else already did) and report
-        it; whether it was this step that ended it."""
+        """In `step`: mark the run finished (unless someone else already did), with
+        `values`, and report it; whether it was this step that ended it."""
         step.log.final = True
         run = await self.update_run(
             step.db,
+            **values,
             status=status,
             error=error,
             finished_at=runs.now(),

@@ -56,6 +56,8 @@ async def test_plain_reply(h: Harness, model: ScriptedModel) -> None:
     assert answer.usage is not None
     assert answer.usage["input_tokens"] == 12
     assert out.run.usage["input_tokens"] == 12
+    # The final event reports the run as stored, its last reply's usage included.
+    assert out.of("run.completed")[0]["usage"] == out.run.usage
     stored = await h.session(session.id)
     assert stored.input_tokens == 12
     assert stored.output_tokens == answer.usage["output_tokens"] > 0
