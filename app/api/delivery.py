@@ -15,6 +15,7 @@ from typing import Any, Literal
 import anyio
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy import Row
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.types import Receive, Scope, Send
 
@@ -83,22 +84,37 @@ class SettledResponse(Response):
         run_id: uuid.UUID,
         build: Callable[[Run, list[MessageRecord]], Response],
         messages_from: int = 0,
+        *,
+        from_memory: Callable[[Row[Any], list[MessageRecord]], Response] | None = None,
     ) -> None:
+        """`from_memory` builds the answer from the outcome a run executed here kept
+        (the run row its last step stored), when it has one."""
         super().__init__(media_type="application/json")
         self.runtime = runtime
         self.run_id = run_id
         self.build = build
         self.messages_from = messages_from
+        self.from_memory = from_memory
+        if from_memory is not None:
+            runtime.supervisor.want_outcome(run_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.runtime.supervisor.wait_settled(self.run_id)
+        supervisor = self.runtime.supervisor
+        if self.from_memory is not None:
+            # A run that executed here from its claim is answered from what it stored.
+            known = await supervisor.settled_outcome(self.run_id)
+            if known is not None:
+                await self.from_memory(known.run, known.records)(scope, receive, send)
+                return
+        else:
+            await supervisor.wait_settled(self.run_id)
         async with self.runtime.db.sessionmaker() as db:
             run, records = await runs.outcome(db, self.run_id, messages_from=self.messages_from)
         response = self.build(run, records)
         await response(scope, receive, send)
 
 
-def _turn_result(run: Run, records: list[MessageRecord]) -> Response:
+def _turn_result(run: Run | Row[Any], records: list[MessageRecord]) -> Response:
     result = TurnResult(run=run_out(run), messages=[message_out(r) for r in records])
     return JSONResponse(result.model_dump(mode="json"))
 
@@ -111,4 +127,11 @@ def deliver(
         return sse_stream(runtime, run.id, after_seq)
     if mode == "background":
         return JSONResponse(run_out(run).model_dump(mode="json"), status_code=202)
-    return SettledResponse(runtime, run.id, _turn_result, messages_from)
+    # A new turn's messages are all the run's (a tool-result answer's are not in memory).
+    return SettledResponse(
+        runtime,
+        run.id,
+        _turn_result,
+        messages_from,
+        from_memory=None if messages_from else _turn_result,
+    )

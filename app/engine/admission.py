@@ -20,6 +20,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app import metrics
 from app.conversation import history
 from app.conversation.payloads import result_events
+from app.conversation.records import MessageRecord
 from app.db import after_commit
 from app.domain import (
     FINAL_RUN_STATUSES,
@@ -52,11 +53,17 @@ class Admission:
         self.resources = resources
         self.supervisor = supervisor
 
-    def _launch_after_commit(self, db: AsyncSession, run: Run, session: AgentSession) -> None:
+    def _launch_after_commit(
+        self,
+        db: AsyncSession,
+        run: Run,
+        session: AgentSession,
+        claimed: list[MessageRecord] | None = None,
+    ) -> None:
         if self.supervisor.shutting_down.is_set():  # draining: nothing is stored (503)
             raise Unavailable("The server is shutting down; post again to another replica")
         if run.status == RunStatus.RUNNING:
-            after_commit(db, lambda: self.supervisor.launch(run, session))
+            after_commit(db, lambda: self.supervisor.launch(run, session, claimed))
 
     # --- turns ---------------------------------------------------------------------
 
@@ -195,7 +202,7 @@ class Admission:
                 after_commit(db, lambda: self.supervisor.start_queued_soon(session.id))
             return run
         resources = self.resources
-        await runs.claim(
+        record = await runs.claim(
             db,
             resources.events,
             session,
@@ -203,7 +210,7 @@ class Admission:
             worker_id=resources.worker_id,
             lease_seconds=resources.settings.run_lease_seconds,
         )
-        self._launch_after_commit(db, run, session)
+        self._launch_after_commit(db, run, session, [record] if record is not None else [])
         return run
 
     @staticmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -32,6 +32,7 @@ class RunStep:
     db: AsyncSession
     log: Step
     head: uuid.UUID | None
+    stored: list[MessageRecord] = field(default_factory=list)  # the messages it appended
 
     async def append(
         self, *messages: MessageRecord, session_values: dict[str, Any] | None = None
@@ -39,6 +40,7 @@ class RunStep:
         """Store messages (each naming its parent); the last becomes the head."""
         records = await store.append_many(self.db, messages, session_values=session_values)
         self.head = records[-1].uuid
+        self.stored += records
         return records
 
     def report(self, event: str, data: Any) -> None:

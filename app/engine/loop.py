@@ -22,6 +22,7 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -71,11 +72,25 @@ CONTINUE_TEXT = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """A settled run as its last step stored it, and the messages it stored."""
+
+    run: Row[Any]
+    records: list[MessageRecord]
+
+
 class TurnRunner:
     """One run executing in this process (a turn, or a manual compaction). It is the
     `RunHandle` that compaction works through."""
 
-    def __init__(self, resources: Resources, run: Run, session: AgentSession) -> None:
+    def __init__(
+        self,
+        resources: Resources,
+        run: Run,
+        session: AgentSession,
+        claimed: list[MessageRecord] | None = None,
+    ) -> None:
         self.resources = resources
         self.settings = resources.settings
         self.run_id = run.id
@@ -87,6 +102,11 @@ class TurnRunner:
         self._config = sessions.config_of(session, self.settings)
         self._head: uuid.UUID | None = session.head_uuid
         self._fresh_session = True
+        # What a wait-mode answer reports, kept when the run was claimed here (its user
+        # message is known): the messages stored so far and the run row it settled with.
+        self._known: list[MessageRecord] | None = None if claimed is None else list(claimed)
+        self.settled: Row[Any] | None = None
+        self._settling: Row[Any] | None = None  # becomes `settled` when its step commits
         # The figure of the view whose last message is `_estimated_head` (a reply of this
         # run: its measured input and output tokens), for the collapse check after the run.
         self._estimated_head: uuid.UUID | None = None
@@ -120,9 +140,22 @@ class TurnRunner:
     @asynccontextmanager
     async def step(self) -> AsyncIterator[RunStep]:
         async with self.resources.events.step(self.run_id) as log_step:
+            self._settling = None
             step = RunStep(log_step.db, log_step, self._head)
             yield step
         self._head = step.head  # committed: the run goes on from there
+        if self._known is not None:
+            self._known += step.stored
+        if self._settling is not None:
+            self.settled, self._settling = self._settling, None
+
+    def outcome(self) -> RunOutcome | None:
+        """The run as it settled (finished or paused) and the messages it stored, from
+        memory; None when this process does not know all of them."""
+        if self._known is None or self.settled is None:
+            return None
+        records = sorted((r for r in self._known if r.run_id == self.run_id), key=lambda r: r.seq)
+        return RunOutcome(self.settled, records)
 
     async def emit(self, event: str, data: Any) -> None:
         await self.resources.events.emit(self.run_id, event, data)
@@ -396,6 +429,7 @@ class TurnRunner:
                 if run is None:
                     raise LostOwnership(f"run {self.run_id} was ended elsewhere")
                 step.report("run.requires_action", run_json(run))
+                self._settling = run
 
         await self.durably(stored)
         self.pending_results = {}
@@ -461,8 +495,10 @@ class TurnRunner:
         )
         if run is None:
             return False
+        self._settling = run
         if also is not None:
             await also(step)
+            self._known = None  # it may change stored messages (a refused turn's rewind)
         step.report(f"run.{status}", run_json(run))
         # Whether a queued turn waits for this session (it starts right after).
         self.queued_next = (
@@ -514,6 +550,7 @@ class TurnRunner:
             )
             if answered is not None:
                 step.head = answered.uuid
+                step.stored.append(answered)
                 stored.append(answered)
             for record in stored:
                 step.report("message.completed", message_payload(record))
@@ -525,17 +562,19 @@ async def execute(
     cancel_reason: Callable[[uuid.UUID], str | None],
     run: Run | None = None,
     session: AgentSession | None = None,
+    claimed: list[MessageRecord] | None = None,
 ) -> TurnRunner | None:
     """Run (or resume) one run to its end or its next pause; the runner, for what it
-    learnt (its session, whether a queued turn waits). `run` and `session` are the
-    claim's copies when the claim happened in this process."""
+    learnt (its session, whether a queued turn waits, its outcome). `run` and `session`
+    are the claim's copies when the claim happened in this process, `claimed` the
+    messages the claim stored."""
     if run is None or session is None:
         async with resources.db.sessionmaker() as db:
             run = await db.get(Run, run_id)
             session = await db.get(AgentSession, run.session_id) if run else None
     if run is None or session is None or run.status != RunStatus.RUNNING:
         return None
-    runner = TurnRunner(resources, run, session)
+    runner = TurnRunner(resources, run, session, claimed)
     # Ids go on after the last one stored or reserved by any owner before.
     resources.events.open(run_id, max(run.last_event_seq, run.reserved_seq), run.epoch)
     try:

@@ -190,10 +190,10 @@ async def claim(
     *,
     worker_id: str,
     lease_seconds: float,
-) -> None:
+) -> MessageRecord | None:
     """Make `run` the session's active run, store its user message and report both
-    (`run.started`, `message.completed`) in the same transaction. A conflict rolls
-    the whole transaction back: nothing of the turn is stored."""
+    (`run.started`, `message.completed`) in the same transaction; the message stored,
+    if any. A conflict rolls the whole transaction back: nothing of the turn is stored."""
     content = run.params.content
     parent_uuid = run.params.parent_uuid or session.head_uuid
     head = parent_uuid
@@ -234,6 +234,7 @@ async def claim(
     # No notification: until this commits nobody can know the run is running.
     await append_events(db, hub, run, events, after=run.last_event_seq, notify=False)
     await db.flush()
+    return record
 
 
 async def end(

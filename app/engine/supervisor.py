@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
@@ -24,17 +25,21 @@ from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.conversation.records import MessageRecord
 from app.db import is_transient
 from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
-from app.engine.loop import HANDOVER, LOST, execute
+from app.engine.loop import HANDOVER, LOST, RunOutcome, execute
 from app.engine.quotas import running
 from app.engine.resources import Resources
 from app.errors import Conflict
 from app.models import AgentSession, Run, RunEvent
 
 log = logging.getLogger("parley.supervisor")
+
+# Wait-mode answers registered and not yet sent, at most (older ones are forgotten).
+MAX_WANTED = 10_000
 
 
 def log_failure(what: str, exc: Exception) -> None:
@@ -54,34 +59,52 @@ class Supervisor:
         self._settled: dict[uuid.UUID, asyncio.Event] = {}
         self._cancel_reasons: dict[uuid.UUID, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._wanted: OrderedDict[uuid.UUID, None] = OrderedDict()
+        self._outcomes: dict[uuid.UUID, RunOutcome] = {}
         resources.events.on_control = self._on_control
         resources.events.on_lost = lambda run_id: self._stop_task(run_id, LOST)
 
     # --- executing -----------------------------------------------------------------
 
-    def launch(self, run: Run, session: AgentSession | None = None) -> None:
+    def launch(
+        self,
+        run: Run,
+        session: AgentSession | None = None,
+        claimed: list[MessageRecord] | None = None,
+    ) -> None:
         """Execute a claimed run in this process (after its claim is committed). With the
-        claim's `session` the run starts without reloading anything."""
+        claim's `session` the run starts without reloading anything; with the messages
+        the claim stored (`claimed`) its outcome can be answered from memory."""
         if run.id in self.tasks:
             return
         self._settled.setdefault(run.id, asyncio.Event()).clear()
-        snapshot = (run, session) if session is not None else (None, None)
+        snapshot = (run, session, claimed) if session is not None else (None, None, None)
         task = asyncio.create_task(self._execute(run.id, *snapshot), name=f"run-{run.id}")
         self.tasks[run.id] = task
 
     async def _execute(
-        self, run_id: uuid.UUID, run: Run | None = None, session: AgentSession | None = None
+        self,
+        run_id: uuid.UUID,
+        run: Run | None = None,
+        session: AgentSession | None = None,
+        claimed: list[MessageRecord] | None = None,
     ) -> None:
         metrics.runs_active.inc()
         runner = None
         try:
-            runner = await execute(self.resources, run_id, self._cancel_reasons.get, run, session)
+            runner = await execute(
+                self.resources, run_id, self._cancel_reasons.get, run, session, claimed
+            )
         except Exception:
             log.exception("run %s crashed", run_id)
         finally:
             metrics.runs_active.dec()
             self.tasks.pop(run_id, None)
             self._cancel_reasons.pop(run_id, None)
+            if runner is not None and run_id in self._wanted:
+                outcome = runner.outcome()
+                if outcome is not None:
+                    self._outcomes[run_id] = outcome
             settled = self._settled.pop(run_id, None)
             if settled is not None:
                 settled.set()
@@ -123,7 +146,7 @@ class Supervisor:
                 run = await runs.oldest_queued(db, session_id)
                 if run is None:
                     return None
-                await runs.claim(
+                record = await runs.claim(
                     db,
                     self.resources.events,
                     session,
@@ -133,7 +156,7 @@ class Supervisor:
                 )
         except Conflict:
             return None
-        self.launch(run, session)
+        self.launch(run, session, [record] if record is not None else [])
         return run.id
 
     async def take_over(self, run_id: uuid.UUID) -> bool:
@@ -226,6 +249,24 @@ class Supervisor:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await asyncio.wait_for(asyncio.shield(task), timeout=30)
         return True
+
+    # --- wait-mode answers --------------------------------------------------------
+
+    def want_outcome(self, run_id: uuid.UUID) -> None:
+        """A wait-mode answer will ask for this run's outcome: keep it when it settles."""
+        self._wanted[run_id] = None
+        while len(self._wanted) > MAX_WANTED:  # answers never sent (a failed commit)
+            self._outcomes.pop(self._wanted.popitem(last=False)[0], None)
+
+    async def settled_outcome(self, run_id: uuid.UUID) -> RunOutcome | None:
+        """Wait until the run settles; its outcome from memory when it ran here from
+        its claim (None otherwise: read it from the database)."""
+        try:
+            await self.wait_settled(run_id)
+            return self._outcomes.get(run_id)
+        finally:
+            self._wanted.pop(run_id, None)
+            self._outcomes.pop(run_id, None)
 
     async def wait_settled(self, run_id: uuid.UUID, *, poll_seconds: float = 0.25) -> None:
         """Until the run is finished or waiting for client tools."""

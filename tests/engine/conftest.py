@@ -91,8 +91,12 @@ class Harness:
         self.launched: dict[uuid.UUID, asyncio.Task[None]] = {}
         launch = self.supervisor.launch
 
-        def launching(run: Run, session: AgentSession | None = None) -> None:
-            launch(run, session)
+        def launching(
+            run: Run,
+            session: AgentSession | None = None,
+            claimed: list[MessageRecord] | None = None,
+        ) -> None:
+            launch(run, session, claimed)
             task = self.supervisor.tasks.get(run.id)
             if task is not None:
                 self.launched[run.id] = task

@@ -248,3 +248,29 @@ async def test_a_regeneration_repeated_with_its_key_is_one_run(
         )
         assert reused.status_code == 422  # the key was used for another regeneration
         assert reused.json()["errors"][0]["loc"] == ["header", "Idempotency-Key"]
+
+
+async def test_wait_mode_answers_what_is_stored(live_fake: LiveServer, fake: FakeAnthropic) -> None:
+    """The 200 answer of a turn run by the process that admitted it comes from memory:
+    it equals the stored run and the messages the run stored, finished or paused."""
+    weather = {"name": "get_weather", "input_schema": {"type": "object"}}
+    fake.script(
+        items.message(items.tool_use("Glob", {"pattern": "*"}, id="toolu_glob")),
+        "No files here.",
+        items.message(items.tool_use("get_weather", {}, id="toolu_w")),
+    )
+    async with live_fake.client() as client:
+        sid = await new_session(client, builtin_tools=["Glob"], tools=[weather])
+        seen = 0
+        for text, status in (("list files", "completed"), ("weather?", "requires_action")):
+            answer = await client.post(f"/sessions/{sid}/messages", json={"content": text})
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            assert body["run"]["status"] == status
+            stored = await client.get(f"/sessions/{sid}/runs/{body['run']['id']}")
+            assert body["run"] == stored.json()
+            chain = await messages(client, sid)
+            assert body["messages"] == chain[seen:]
+            seen = len(chain)
+        assert [m["role"] for m in chain] == ["user", "assistant"] * 3
+    all_accepted(fake)
