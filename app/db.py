@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import JSON, Dialect, MetaData, String, TypeDecorator, event
+from sqlalchemy import JSON, Dialect, Executable, MetaData, String, TypeDecorator, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import (
@@ -213,6 +213,18 @@ class Database:
             except BaseException:
                 await rollback(db)
                 raise
+
+    async def execute_once(self, statement: Executable, params: dict[str, Any]) -> list[Any]:
+        """Run one statement as its own transaction and return its rows. On the engine it
+        is autocommitted: one round trip, and no connection left idle in a transaction
+        while the event loop is busy. (Tests that bind the session factory to an outer
+        transaction get a transaction of that factory instead.)"""
+        if self.sessionmaker.kw.get("bind") is not self.engine:
+            async with self.transaction() as db:
+                return list(await db.execute(statement, params))
+        async with self.engine.connect() as conn:
+            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return list(await auto.execute(statement, params))
 
     async def dispose(self) -> None:
         await self.engine.dispose()

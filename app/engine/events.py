@@ -52,6 +52,31 @@ NOTIFY_CHANNEL = "parley_run_events"
 CONTROL_CHANNEL = "parley_run_control"
 # Event ids an owner reserves at a time before sending them.
 RESERVE_BLOCK = 256
+# The deltas of a flush window, for every run at once: each run's row is fenced by its
+# epoch, the events of the runs still owned are inserted, and followers elsewhere are
+# told (one notification per run). Deltas are never webhook events: no outbox rows.
+BATCH_FLUSH = text(
+    """
+    WITH v AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS uuid[]), CAST(:epochs AS integer[]), CAST(:lasts AS bigint[])
+        ) AS v(id, epoch, last_seq)
+    ), fenced AS (
+        UPDATE runs SET last_event_seq = v.last_seq FROM v
+        WHERE runs.id = v.id AND runs.epoch = v.epoch
+        RETURNING runs.id, v.last_seq
+    ), stored AS (
+        INSERT INTO run_events (run_id, seq, event, data, created_at)
+        SELECT e.run_id, e.seq, e.event, e.data, now()
+        FROM unnest(
+            CAST(:e_runs AS uuid[]), CAST(:e_seqs AS bigint[]),
+            CAST(:e_names AS text[]), CAST(:e_data AS text[])
+        ) AS e(run_id, seq, event, data)
+        WHERE e.run_id IN (SELECT id FROM fenced)
+    )
+    SELECT id, pg_notify(:channel, id::text || ':' || last_seq::text) FROM fenced
+    """
+)
 TERMINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 PAUSE_EVENT = "run.requires_action"
 
@@ -103,7 +128,6 @@ class RunChannel:
     held: list[StoredEvent] = field(default_factory=list)  # unwritten, beyond `reserved`
     subscribers: set[asyncio.Queue[StoredEvent | None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    flush_timer: asyncio.TimerHandle | None = None
     reserving: asyncio.Task[None] | None = None
     lost: bool = False
     flush_failing: bool = False  # logged once per outage
@@ -147,6 +171,10 @@ class EventHub:
         self.channels: dict[uuid.UUID, RunChannel] = {}
         self._wakeups: dict[uuid.UUID, set[asyncio.Event]] = {}
         self._flushes: set[asyncio.Task[None]] = set()
+        # Runs with deltas to store at the end of the current flush window (all of them
+        # in one statement, `_flush_batch`).
+        self._dirty: dict[uuid.UUID, RunChannel] = {}
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._listener: Any = None
         self._listen_task: asyncio.Task[None] | None = None
         # Told of `CONTROL_CHANNEL` messages (kind, run id) and of runs this process lost.
@@ -190,10 +218,8 @@ class EventHub:
             channel.held.append(stored)
         if channel.reserved - stored.seq < RESERVE_BLOCK // 2 and channel.reserving is None:
             channel.reserving = asyncio.create_task(self._reserve_ahead(channel))
-        if channel.flush_timer is None:
-            channel.flush_timer = asyncio.get_running_loop().call_later(
-                self.flush_seconds, self._schedule_flush, channel
-            )
+        self._dirty[run_id] = channel
+        self._arm_flush()
 
     async def reserve(self, run_id: uuid.UUID, **run_values: Any) -> None:
         """Reserve the next block of ids in the run row (with `run_values`) before they
@@ -270,16 +296,102 @@ class EventHub:
         async with self.step(run_id) as step:
             step.add(event, data)
 
-    def _schedule_flush(self, channel: RunChannel) -> None:
-        channel.flush_timer = None
-        task = asyncio.create_task(self._flush(channel))
+    def _arm_flush(self) -> None:
+        if self._flush_timer is None:
+            self._flush_timer = asyncio.get_running_loop().call_later(
+                self.flush_seconds, self._schedule_flush
+            )
+
+    def _schedule_flush(self) -> None:
+        self._flush_timer = None
+        task = asyncio.create_task(self._flush_batch())
         self._flushes.add(task)
         task.add_done_callback(self._flushes.discard)
 
+    async def _flush_batch(self) -> None:
+        """Store the deltas of every run of this process that has some, in one statement
+        (one transaction, one round trip on Postgres), each run's fenced by its epoch. A
+        run whose lock is held (a step, which stores its deltas too, or a reservation)
+        waits for the next window."""
+        dirty, self._dirty = self._dirty, {}
+        taken: list[tuple[RunChannel, list[StoredEvent]]] = []
+        for run_id, channel in dirty.items():
+            if channel.lost or not channel.unwritten or self.channels.get(run_id) is not channel:
+                continue
+            if channel.lock.locked():
+                self._dirty[run_id] = channel
+                continue
+            await channel.lock.acquire()  # free: taken at once, no suspension
+            taken.append((channel, list(channel.unwritten)))
+        if self._dirty:
+            self._arm_flush()
+        try:
+            if taken:
+                await self._store_batch(taken)
+        finally:
+            for channel, _batch in taken:
+                channel.lock.release()
+
+    async def _store_batch(self, taken: list[tuple[RunChannel, list[StoredEvent]]]) -> None:
+        try:
+            if self.db.is_sqlite:
+                stored = await self._store_batch_steps(taken)
+            else:
+                stored = await self._store_batch_statement(taken)
+        except Exception as exc:  # kept: the next flush or step writes them
+            for channel, _batch in taken:
+                level = logging.DEBUG if channel.flush_failing else logging.WARNING
+                log.log(level, "could not store events of run %s: %s", channel.run_id, exc)
+                channel.flush_failing = True
+            return
+        for channel, batch in taken:
+            if channel.run_id not in stored:
+                self._lose(channel)
+                continue
+            channel.flush_failing = False
+            # Dropped only after the commit: a follower finds each event in one place or
+            # the other.
+            del channel.unwritten[: len(batch)]
+            channel.release_held(batch[-1].seq)
+
+    async def _store_batch_statement(
+        self, taken: list[tuple[RunChannel, list[StoredEvent]]]
+    ) -> set[uuid.UUID]:
+        """Postgres: fence, insert and notify in one autocommitted statement (no
+        connection waits idle in a transaction for this loop); the runs still owned."""
+        events = [(channel.run_id, e) for channel, batch in taken for e in batch]
+        params = {
+            "ids": [channel.run_id for channel, _ in taken],
+            "epochs": [channel.epoch for channel, _ in taken],
+            "lasts": [batch[-1].seq for _, batch in taken],
+            "e_runs": [run_id for run_id, _ in events],
+            "e_seqs": [e.seq for _, e in events],
+            "e_names": [e.event for _, e in events],
+            "e_data": [e.data for _, e in events],
+            "channel": NOTIFY_CHANNEL,
+        }
+        rows = await self.db.execute_once(BATCH_FLUSH, params)
+        return {row[0] for row in rows}
+
+    async def _store_batch_steps(
+        self, taken: list[tuple[RunChannel, list[StoredEvent]]]
+    ) -> set[uuid.UUID]:
+        """SQLite: one transaction, a fenced write per run."""
+        stored: set[uuid.UUID] = set()
+        async with self.db.transaction() as db:
+            for channel, batch in taken:
+                values = {"last_event_seq": batch[-1].seq}
+                try:
+                    await self._fence(db, channel, values)
+                except LostOwnership:
+                    continue
+                await db.execute(insert(run_events_t), event_rows(channel.run_id, batch))
+                stored.add(channel.run_id)
+        return stored
+
     async def _flush(self, channel: RunChannel) -> None:
-        if channel.flush_timer is not None:
-            channel.flush_timer.cancel()
-            channel.flush_timer = None
+        """Store one run's unwritten events now (its channel closes)."""
+        self._dirty.pop(channel.run_id, None)
         async with channel.lock:
             batch = list(channel.unwritten)
             if not batch or channel.lost:
@@ -531,6 +643,9 @@ class EventHub:
                 self.on_control(kind, uuid.UUID(run_id))
 
     async def stop(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         for run_id in list(self.channels):
             await self.close(run_id)
         for task in list(self._flushes):

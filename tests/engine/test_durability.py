@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import uuid
+from typing import Any
 
 import pytest
-from sqlalchemy import text, update
+from sqlalchemy import event, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.conversation import store
@@ -22,7 +24,7 @@ from app.engine.events import NOTIFY_CHANNEL, EventHub
 from app.engine.loop import DISCARDED_ON_RESUME
 from app.errors import Unavailable
 from app.models import Run
-from tests.engine.conftest import MakeHarness
+from tests.engine.conftest import Harness, MakeHarness
 from tests.engine.scripted import Gate, ScriptedModel, held, reply, tool_use
 
 
@@ -184,3 +186,55 @@ async def test_a_draining_process_takes_no_turn(make_harness: MakeHarness) -> No
         await h.start(session.id, "go")
     assert await h.chain(session.id) == []
     assert await h.active_run(session.id) is None
+
+
+async def test_one_flush_stores_the_deltas_of_every_run_each_fenced(
+    h: Harness, engine: AsyncEngine
+) -> None:
+    """A flush window stores the deltas of all of a process's runs in one statement; a
+    run another process took over meanwhile (a new epoch) stores nothing and is lost."""
+    hub = EventHub(h.db, flush_seconds=3600)  # flushed by hand below
+    claimed = []
+    for name in ("a", "b", "c"):
+        session = await h.new_session()
+        run, _ = await h.claim(session.id, name)
+        hub.open(run.id, max(run.last_event_seq, run.reserved_seq), run.epoch)
+        await hub.reserve(run.id)
+        for i in range(3):
+            hub.emit_nowait(run.id, "text.delta", {"text": f"{name}{i}"})
+        claimed.append(run)
+    taken = claimed[1]
+    async with h.db.transaction() as db:
+        await db.execute(update(Run).where(Run.id == taken.id).values(epoch=Run.epoch + 1))
+
+    statements: list[str] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine.sync_engine, "before_cursor_execute", count)
+    try:
+        await hub._flush_batch()
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", count)
+    if not h.db.is_sqlite:
+        assert len(statements) == 1
+    for name, run in zip("abc", claimed, strict=True):
+        stored = [e for e in await hub.stored(run.id, 0) if e.event == "text.delta"]
+        channel = hub.channels[run.id]
+        if run is taken:
+            assert stored == []
+            assert channel.lost
+        else:
+            assert [json.loads(e.data)["text"] for e in stored] == [f"{name}{i}" for i in range(3)]
+            assert channel.unwritten == []
+            assert (await h.run(run.id)).last_event_seq == stored[-1].seq
+    for run in claimed:
+        channel = hub.channels.pop(run.id)
+        channel.lost = True
+    async with h.db.transaction() as db:
+        await db.execute(
+            update(Run)
+            .where(Run.id.in_([r.id for r in claimed]))
+            .values(status="failed", lease_expires_at=None)
+        )
