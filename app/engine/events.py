@@ -338,11 +338,13 @@ class EventHub:
                 stored = await self._store_batch_steps(taken)
             else:
                 stored = await self._store_batch_statement(taken)
-        except Exception as exc:  # kept: the next flush or step writes them
+        except Exception as exc:  # kept: the next window or step writes them
             for channel, _batch in taken:
                 level = logging.DEBUG if channel.flush_failing else logging.WARNING
                 log.log(level, "could not store events of run %s: %s", channel.run_id, exc)
                 channel.flush_failing = True
+                self._dirty[channel.run_id] = channel
+            self._arm_flush()
             return
         for channel, batch in taken:
             if channel.run_id not in stored:
