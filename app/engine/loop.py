@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Row, Table, select, update
+from sqlalchemy import Row, Table, exists, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
@@ -481,37 +481,36 @@ class TurnRunner:
         """In `step`: mark the run finished (unless someone else already did), with
         `values`, and report it; whether it was this step that ended it."""
         step.log.final = True
-        run = await self.update_run(
-            step.db,
-            **values,
-            status=status,
-            error=error,
-            finished_at=runs.now(),
-            lease_expires_at=None,
-            required_action=None,
-            state=self.state,
-            streaming_uuid=None,
-            cancel_requested_at=None,
+        # Also whether a queued turn waits for this session (it starts right after).
+        queued = runs_t.alias("queued")
+        waiting = exists().where(
+            queued.c.session_id == self._session.id, queued.c.status == RunStatus.QUEUED
         )
+        result = await step.db.execute(
+            update(runs_t)
+            .where(runs_t.c.id == self.run_id, runs_t.c.status == RunStatus.RUNNING)
+            .values(
+                **values,
+                status=status,
+                error=error,
+                finished_at=runs.now(),
+                lease_expires_at=None,
+                required_action=None,
+                state=self.state,
+                streaming_uuid=None,
+                cancel_requested_at=None,
+            )
+            .returning(*runs_t.c, waiting.label("queued_next"))
+        )
+        run = result.first()
         if run is None:
             return False
+        self.queued_next = bool(run.queued_next)
         self._settling = run
         if also is not None:
             await also(step)
             self._known = None  # it may change stored messages (a refused turn's rewind)
         step.report(f"run.{status}", run_json(run))
-        # Whether a queued turn waits for this session (it starts right after).
-        self.queued_next = (
-            await step.db.scalar(
-                select(runs_t.c.id)
-                .where(
-                    runs_t.c.session_id == self._session.id,
-                    runs_t.c.status == RunStatus.QUEUED,
-                )
-                .limit(1)
-            )
-            is not None
-        )
         return True
 
     async def stop_cancelled(self) -> None:
