@@ -7,15 +7,42 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
+from app.context.shapes import ShapeError, check_block, check_storable
 from app.context.tools import BuiltinTool
 from app.domain import IfBusy, RunKind, RunStatus
 
 T = TypeVar("T")
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-USER_BLOCK_TYPES = {"text", "image", "document"}
+USER_BLOCK_TYPES = frozenset({"text", "image", "document"})
+
+
+# --- text that can be stored ------------------------------------------------------------
+
+
+def storable(value: T) -> T:
+    """Refuse any string (or key, at any depth) holding NUL or a lone surrogate; the
+    message names where it lies inside the field."""
+    try:
+        check_storable(value, "value")
+    except ShapeError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+Storable = AfterValidator(storable)
+# A string that can be stored: the type of every free-text field a client sends.
+Text = Annotated[str, Storable]
+JsonObject = Annotated[dict[str, Any], Storable]
 
 
 class StrictModel(BaseModel):
@@ -41,12 +68,15 @@ def check_user_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = block.get("text")
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"content[{i}]: text blocks must contain non-whitespace text")
-        elif not isinstance(block.get("source"), dict):
-            raise ValueError(f"content[{i}]: {kind} blocks need a source object")
+        else:
+            try:  # what the model API would refuse on every later turn
+                check_block(block, f"content[{i}]", USER_BLOCK_TYPES)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
     return blocks
 
 
-UserContent = Annotated[str, Field(min_length=1)] | list[dict[str, Any]]
+UserContent = Annotated[Annotated[str, Field(min_length=1)] | list[dict[str, Any]], Storable]
 
 
 def check_user_content(value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
@@ -112,9 +142,15 @@ class ToolDefinition(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     name: str
-    description: str | None = None
-    input_schema: dict[str, Any]
+    description: Text | None = None
+    input_schema: JsonObject
     compactable: bool = False
+
+    @model_validator(mode="after")
+    def _storable_extra(self) -> ToolDefinition:
+        for key, value in (self.model_extra or {}).items():
+            storable({key: value})
+        return self
 
     @field_validator("name")
     @classmethod
@@ -131,7 +167,7 @@ class ToolDefinition(BaseModel):
         return value
 
 
-SystemPrompt = str | list[dict[str, Any]]
+SystemPrompt = Annotated[str | list[dict[str, Any]], Storable]
 
 
 def check_system(value: SystemPrompt | None) -> SystemPrompt | None:
@@ -147,8 +183,8 @@ class SessionFields(StrictModel):
     # name clash) see exactly what the client sent.
     model_config = ConfigDict(extra="forbid", use_enum_values=True)
 
-    title: str | None = Field(None, max_length=500)
-    model: str | None = Field(None, min_length=1, max_length=200)
+    title: Text | None = Field(None, max_length=500)
+    model: Text | None = Field(None, min_length=1, max_length=200)
     system: SystemPrompt | None = None
     tools: list[ToolDefinition] | None = None
     builtin_tools: list[BuiltinTool] | None = None
@@ -171,15 +207,15 @@ class SessionFields(StrictModel):
 
 
 class SessionCreate(SessionFields):
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
 
 
 class SessionPatch(SessionFields):
     """`metadata` and `compaction` are JSON Merge Patches (RFC 7396)."""
 
-    metadata: dict[str, Any] | None = None
-    compaction: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
+    compaction: JsonObject | None = None
 
 
 class Usage(BaseModel):
@@ -287,8 +323,8 @@ class TurnIn(DeliveryMode):
 
 
 class ToolResultIn(StrictModel):
-    tool_use_id: str = Field(min_length=1)
-    content: str | list[dict[str, Any]] = ""
+    tool_use_id: Text = Field(min_length=1, max_length=256)
+    content: Annotated[str | list[dict[str, Any]], Storable] = ""
     is_error: bool = False
 
 
@@ -297,7 +333,7 @@ class ToolResultsIn(DeliveryMode):
 
 
 class CompactIn(StrictModel):
-    instructions: str | None = Field(None, max_length=20_000)
+    instructions: Text | None = Field(None, max_length=20_000)
     background: bool = False
 
 

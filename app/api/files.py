@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import DbDep, SessionDep
+from app.api.deps import AfterQuery, DbDep, SessionDep
 from app.conversation import files
 from app.models import File
 from app.schemas import FileOut, Page
@@ -23,7 +23,7 @@ async def list_files(
     session: SessionDep,
     db: DbDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    after: str | None = None,
+    after: AfterQuery = None,
 ) -> Page[FileOut]:
     """The session's workspace files (path, size, SHA-256, last change), ordered by path, a
     page at a time (`after`: the `next_cursor` of the previous page)."""

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
+from app.api.deps import AfterQuery, DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import branches, history, sessions
 from app.conversation.payloads import message_out
 from app.schemas import ForkIn, HeadIn, MessageOut, Page, SessionOut, TreeNode
@@ -23,7 +23,7 @@ async def list_messages(
     views: ViewsDep,
     view: Literal["full", "api"] = "full",
     order: Literal["asc", "desc"] = "asc",
-    after: str | None = None,
+    after: AfterQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     head: uuid.UUID | None = None,
 ) -> Page[MessageOut]:
@@ -50,7 +50,7 @@ async def get_message(session: SessionDep, db: DbDep, message_uuid: uuid.UUID) -
 async def get_tree(
     session: SessionDep,
     db: DbDep,
-    after: str | None = None,
+    after: AfterQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> Page[TreeNode]:
     """Every message of the session, on all branches, in the order they were stored, as

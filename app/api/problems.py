@@ -7,6 +7,7 @@ escapes is a 500 problem without a trace, rendered by `middleware.RequestContext
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
 from typing import Any
 
@@ -50,6 +51,16 @@ _SLUG_BY_STATUS = {
 TOO_LARGE_TITLE = "Payload too large"
 
 
+class ProblemResponse(JSONResponse):
+    """A problem document, ASCII-escaped: the text it echoes (a field name, a path) may
+    hold a lone surrogate, which UTF-8 cannot encode but a JSON escape can carry."""
+
+    media_type = PROBLEM_JSON
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> dict[str, Any]:
     return {"type": slug, "title": title, "status": status, "detail": detail, **extra}
 
@@ -64,7 +75,7 @@ def problem_response(
     **extra: Any,
 ) -> JSONResponse:
     body = problem(status, slug, title, detail, **extra)
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+    return ProblemResponse(body, status_code=status, headers=headers)
 
 
 def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
@@ -82,7 +93,7 @@ async def _on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     status, body = domain_problem(exc)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, Unauthorized) else None
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+    return ProblemResponse(body, status_code=status, headers=headers)
 
 
 async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:

@@ -9,7 +9,7 @@ from fastapi.responses import StreamingResponse
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import sessions, transcripts
-from app.schemas import SessionOut
+from app.schemas import SessionOut, Text
 
 router = APIRouter(tags=["transcripts"])
 
@@ -56,8 +56,8 @@ async def import_transcript(
     tenant: TenantDep,
     settings: SettingsDep,
     views: ViewsDep,
-    title: Annotated[str | None, Query(max_length=500)] = None,
-    model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    title: Annotated[Text | None, Query(max_length=500)] = None,
+    model: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
 ) -> SessionOut:
     """A new session holding the transcript's messages (fresh uuids, the originals kept as
     `metadata.source_uuid`), ready to be continued. Answers 201 with the session; a
