@@ -22,6 +22,7 @@ from app.errors import (
     Invalid,
     NoGain,
     NotFound,
+    TooLarge,
     Unauthorized,
     Unavailable,
     UpstreamFailed,
@@ -37,6 +38,7 @@ DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
     Unauthorized: (401, "unauthorized", "Unauthorized"),
     NotFound: (404, "not_found", "Not found"),
     Conflict: (409, "conflict", "Conflict"),
+    TooLarge: (413, "payload_too_large", "Payload too large"),
     UpstreamFailed: (502, "upstream_error", "Model API failed"),
     Unavailable: (503, "unavailable", "Service unavailable"),
 }

@@ -215,7 +215,7 @@ class TurnRunner:
             self._session.id,
             builtins,
             round_,
-            self.settings.tool_result_max_chars,
+            self.settings,
         )
         if round_.waiting:
             await self.pause(round_.waiting, round_.results)
