@@ -253,3 +253,20 @@ async def test_posted_images_are_checked(
     response = await api.post(f"/sessions/{sid}/messages", json={"content": [block]})
     assert_names(response, "body", "content")
     assert reason in response.text
+
+
+# --- headers ----------------------------------------------------------------------------
+
+
+async def test_answers_carry_security_headers(api: httpx.AsyncClient) -> None:
+    for response in (
+        await api.get("/sessions"),
+        await api.post("/sessions", json={"title": NUL}),
+        await api.get("/nowhere"),
+        await api.get("/healthz"),
+    ):
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["cache-control"] == "no-store"
+    page = await api.get("/")
+    assert "default-src" in page.headers["content-security-policy"]
+    assert page.headers["x-content-type-options"] == "nosniff"
