@@ -12,7 +12,17 @@ from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import Scope
 
 from app import __version__
-from app.api import compaction, files, messages, ops, playground, runs, sessions, transcripts
+from app.api import (
+    compaction,
+    files,
+    messages,
+    openapi,
+    ops,
+    playground,
+    runs,
+    sessions,
+    transcripts,
+)
 from app.api.middleware import BodyLimitMiddleware, RequestContextMiddleware, route_template
 from app.api.problems import install_handlers
 from app.config import Settings
@@ -44,6 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.runtime = runtime
     install_handlers(app)
+    openapi.install(app)
     for module in (ops, playground, sessions, messages, runs, compaction, files, transcripts):
         app.include_router(module.router)
 

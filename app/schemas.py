@@ -430,6 +430,26 @@ class FileOut(BaseModel):
     updated_at: datetime
 
 
+class ProblemError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """An error answer (RFC 9457, `application/problem+json`): `type` is what clients
+    branch on (`invalid_request`, `unauthorized`, `not_found`, `conflict`, ...); a 422
+    names the offending fields in `errors`; some problems add members (`run_id`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[ProblemError] | None = None
+
+
 class Health(BaseModel):
     status: str
     detail: str | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
@@ -60,7 +60,10 @@ async def get_tree(
     return Page[TreeNode](data=nodes, next_cursor=cursor)
 
 
-@router.put("/head", summary="Move the head")
+ACTIVE_RUN: dict[int | str, dict[str, Any]] = {409: {"description": "A run is active"}}
+
+
+@router.put("/head", responses=ACTIVE_RUN, summary="Move the head")
 async def put_head(
     body: HeadIn, session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
 ) -> SessionOut:
@@ -87,7 +90,7 @@ async def fork_session(
     return await sessions.to_out(db, target, settings, views, status="idle")
 
 
-@router.post("/clear", summary="Clear the conversation")
+@router.post("/clear", responses=ACTIVE_RUN, summary="Clear the conversation")
 async def clear_session(
     session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
 ) -> SessionOut:

@@ -50,7 +50,12 @@ def _unready(detail: str) -> Response:
     return JSONResponse(body, status_code=503, media_type=PROBLEM_JSON)
 
 
-@router.get("/metrics", response_class=Response, summary="Get metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    summary="Get metrics",
+)
 async def prometheus_metrics() -> Response:
     """The process's metrics in the Prometheus text format. No key needed."""
     return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
