@@ -55,7 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.runtime = runtime
     install_handlers(app)
     openapi.install(app)
-    for module in (ops, playground, sessions, messages, runs, compaction, files, transcripts):
+    # transcripts first: its `/sessions/import` must win over `/sessions/{session_id}`
+    for module in (ops, playground, transcripts, sessions, messages, runs, compaction, files):
         app.include_router(module.router)
 
     def body_limit(scope: Scope) -> int:

@@ -12,6 +12,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    Strict,
     field_validator,
     model_validator,
 )
@@ -46,7 +47,15 @@ JsonObject = Annotated[dict[str, Any], Storable]
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields are refused, and so are values of another JSON type
+    (`0` for a boolean, `"5"` for an integer): the body must match the documented schema.
+    Strings that name a uuid or an enum member are converted (`Lax`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# A uuid or an enum member, given in JSON as a string.
+Lax = Strict(False)
 
 
 class Page(BaseModel, Generic[T]):
@@ -139,7 +148,7 @@ class ThinkingConfig(StrictModel):
 class ToolDefinition(BaseModel):
     """A client tool in the Anthropic shape; `compactable` is Parley's own key."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     name: str
     description: Text | None = None
@@ -187,7 +196,7 @@ class SessionFields(StrictModel):
     model: Text | None = Field(None, min_length=1, max_length=200)
     system: SystemPrompt | None = None
     tools: list[ToolDefinition] | None = None
-    builtin_tools: list[BuiltinTool] | None = None
+    builtin_tools: list[Annotated[BuiltinTool, Lax]] | None = None
     max_tokens: int | None = Field(None, ge=1, le=128_000)
     thinking: ThinkingConfig | None = None
 
@@ -254,7 +263,7 @@ class SessionOut(BaseModel):
 
 
 class MessageOut(BaseModel):
-    uuid: UUID
+    uuid: Annotated[UUID, Lax]
     parent_uuid: UUID | None
     logical_parent_uuid: UUID | None
     type: str
@@ -271,7 +280,7 @@ class MessageOut(BaseModel):
 
 
 class TreeNode(BaseModel):
-    uuid: UUID
+    uuid: Annotated[UUID, Lax]
     parent_uuid: UUID | None
     logical_parent_uuid: UUID | None
     type: str
@@ -282,15 +291,15 @@ class TreeNode(BaseModel):
 
 
 class HeadIn(StrictModel):
-    uuid: UUID
+    uuid: Annotated[UUID, Lax]
 
 
 class ForkIn(StrictModel):
-    at_uuid: UUID | None = None
+    at_uuid: Annotated[UUID, Lax] | None = None
 
 
 class SnipIn(StrictModel):
-    uuids: list[UUID] = Field(min_length=1, max_length=1000)
+    uuids: list[Annotated[UUID, Lax]] = Field(min_length=1, max_length=1000)
 
 
 class SnipOut(BaseModel):
@@ -313,8 +322,8 @@ class DeliveryMode(StrictModel):
 
 class TurnIn(DeliveryMode):
     content: UserContent
-    parent_uuid: UUID | None = None
-    if_busy: IfBusy = IfBusy.REJECT
+    parent_uuid: Annotated[UUID, Lax] | None = None
+    if_busy: Annotated[IfBusy, Lax] = IfBusy.REJECT
 
     @field_validator("content")
     @classmethod

@@ -33,7 +33,11 @@ async def list_files(
 
 @router.put(
     "/{path:path}",
-    responses={200: {"model": FileOut}, 201: {"model": FileOut}},
+    responses={
+        200: {"model": FileOut},
+        201: {"model": FileOut},
+        409: {"description": "A concurrent write created the same file; retry"},
+    },
     openapi_extra={
         "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}
     },

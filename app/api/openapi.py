@@ -29,11 +29,18 @@ DESCRIPTIONS = {
 }
 WRITING_METHODS = {"post", "put", "patch"}
 KEYED_PREFIX = "/sessions"  # every route under it takes the caller's key (deps.TenantDep)
-# The event stream's body: one event after another (docs/api.md lists them).
+# The event stream: the schema of one event (OpenAPI's reading of `text/event-stream`).
 EVENT_STREAM_SCHEMA = {
-    "type": "string",
-    "description": "Server-Sent Events: each has an `id` (the run's event number, gap-free), "
-    "an `event` name and JSON `data`; comment lines are keep-alive pings",
+    "type": "object",
+    "description": "One Server-Sent Event: `id` is the run's event number (gap-free, for "
+    "Last-Event-ID), `event` its name, `data` a JSON document (docs/api.md lists them); "
+    "comment lines between events are keep-alive pings",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string"},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+    "required": ["event", "data"],
 }
 
 

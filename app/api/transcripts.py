@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.exceptions import HTTPException
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import sessions, transcripts
@@ -45,6 +46,14 @@ async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse
         media_type=NDJSON,
         headers={"Content-Disposition": f'attachment; filename="{session.id}.jsonl"'},
     )
+
+
+@router.api_route(
+    "/sessions/import", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False
+)
+async def import_other_methods() -> None:
+    """`import` is no session id: other methods answer 405, not a 422 about a uuid."""
+    raise HTTPException(405)
 
 
 @router.post(
