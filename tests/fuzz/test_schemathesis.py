@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import TEST_KEY, LiveServer
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
@@ -37,6 +39,7 @@ async def seed(live: LiveServer) -> dict[str, str]:
     }
 
 
+@pytest.mark.fuzz
 async def test_schemathesis_finds_no_failure(live: LiveServer, tmp_path: Path) -> None:
     env = {**os.environ, **await seed(live)}
     report = tmp_path / "report.json"

@@ -3,6 +3,8 @@ lie past a finished run's end, are a 422 naming the header or parameter."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.conftest import LiveServer
@@ -49,3 +51,19 @@ async def test_idempotency_key_is_checked(live: LiveServer, key: str) -> None:
             headers={"Idempotency-Key": key.encode("latin-1")},
         )
         assert response.status_code in (200, 422), response.text
+
+
+async def test_racing_requests_with_one_idempotency_key_never_fail(live: LiveServer) -> None:
+    async with live.client() as client:
+        session = (await client.post("/sessions", json={})).json()
+        url = f"/sessions/{session['id']}/messages"
+        body = {"content": "hi", "background": True}
+        headers = {"Idempotency-Key": "race-1"}
+        answers = await asyncio.gather(
+            *(client.post(url, json=body, headers=headers) for _ in range(6))
+        )
+    statuses = [answer.status_code for answer in answers]
+    assert set(statuses) <= {202, 409}, [a.text for a in answers]
+    assert 202 in statuses
+    runs = {a.json()["id"] for a in answers if a.status_code == 202}
+    assert len(runs) == 1  # every accepted one is the same run
