@@ -17,7 +17,7 @@ from pydantic import (
     model_validator,
 )
 
-from app.context.shapes import ShapeError, check_block, check_storable
+from app.context.shapes import RESULT_CONTENT_BLOCKS, ShapeError, check_block, check_storable
 from app.context.tools import BuiltinTool
 from app.domain import IfBusy, RunKind, RunStatus
 
@@ -335,6 +335,17 @@ class ToolResultIn(StrictModel):
     tool_use_id: Text = Field(min_length=1, max_length=256)
     content: Annotated[str | list[dict[str, Any]], Storable] = ""
     is_error: bool = False
+
+    @field_validator("content")
+    @classmethod
+    def _blocks(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(value, list):
+            try:  # what the model API would refuse on every later turn
+                for i, block in enumerate(value):
+                    check_block(block, f"content[{i}]", RESULT_CONTENT_BLOCKS)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
 class ToolResultsIn(DeliveryMode):

@@ -104,6 +104,14 @@ async def test_other_bodies_are_checked(api: httpx.AsyncClient) -> None:
         0,
         "content",
     )
+    results = {"results": [{"tool_use_id": "x", "content": [image("%%%")]}]}
+    assert_names(
+        await post_raw(api, f"/sessions/{sid}/runs/{run}/tool_results", results),
+        "body",
+        "results",
+        0,
+        "content",
+    )
     results = {"results": [{"tool_use_id": SURROGATE}]}
     assert_names(
         await post_raw(api, f"/sessions/{sid}/runs/{run}/tool_results", results),

@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import httpx
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from tests.conftest import LiveServer, live_server, on_fake
 from tests.fake_anthropic import FakeAnthropic, items
@@ -76,7 +77,7 @@ async def test_catastrophic_patterns_leave_healthz_fast(
 
 
 async def test_a_tool_past_its_time_limit_is_an_error(
-    database_url: str, engine: object, fake: FakeAnthropic
+    database_url: str, engine: AsyncEngine, fake: FakeAnthropic
 ) -> None:
     fake.script(
         items.message(items.tool_use("Grep", {"pattern": "needle"}, id="toolu_slow")),
@@ -85,7 +86,7 @@ async def test_a_tool_past_its_time_limit_is_an_error(
     overrides = {**on_fake(fake), "tool_timeout_seconds": 0.001}
     big = ("hay " * 250 + "\n") * 2000  # 2 MB to read and search
     async with (
-        live_server(database_url, engine, **overrides) as live,  # type: ignore[arg-type]
+        live_server(database_url, engine, **overrides) as live,
         live.client() as client,
     ):
         sid = await new_session(client, builtin_tools=["Grep"])
