@@ -6,10 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
+from starlette.exceptions import HTTPException
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import sessions, transcripts
-from app.schemas import SessionOut
+from app.schemas import SessionOut, Text
 
 router = APIRouter(tags=["transcripts"])
 
@@ -47,6 +48,14 @@ async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse
     )
 
 
+@router.api_route(
+    "/sessions/import", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False
+)
+async def import_other_methods() -> None:
+    """`import` is no session id: other methods answer 405, not a 422 about a uuid."""
+    raise HTTPException(405)
+
+
 @router.post(
     "/sessions/import", status_code=201, openapi_extra=_JSONL_BODY, summary="Import a transcript"
 )
@@ -56,8 +65,8 @@ async def import_transcript(
     tenant: TenantDep,
     settings: SettingsDep,
     views: ViewsDep,
-    title: Annotated[str | None, Query(max_length=500)] = None,
-    model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    title: Annotated[Text | None, Query(max_length=500)] = None,
+    model: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
 ) -> SessionOut:
     """A new session holding the transcript's messages (fresh uuids, the originals kept as
     `metadata.source_uuid`), ready to be continued. Answers 201 with the session; a
