@@ -10,6 +10,7 @@ from uuid import UUID
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -56,6 +57,19 @@ class StrictModel(BaseModel):
 
 # A uuid or an enum member, given in JSON as a string.
 Lax = Strict(False)
+
+_RFC3339_DATE = re.compile(r"\d{4}-\d\d-\d\d")
+
+
+def _rfc3339_only(value: Any) -> Any:
+    """A time as a query parameter: an RFC 3339 date and time, not a number of seconds
+    (pydantic's lax mode would read `0.5` as 1970)."""
+    if isinstance(value, str) and not _RFC3339_DATE.match(value):
+        raise ValueError("must be an RFC 3339 date and time, such as 2026-12-01T00:00:00Z")
+    return value
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_rfc3339_only)]
 
 
 class Page(BaseModel, Generic[T]):
@@ -200,7 +214,7 @@ class SessionFields(StrictModel):
     max_tokens: int | None = Field(None, ge=1, le=128_000)
     thinking: ThinkingConfig | None = None
     # Input + output tokens the session may use per budget period (null: no limit).
-    token_budget: int | None = Field(None, ge=1)
+    token_budget: int | None = Field(None, ge=1, le=10**15)
 
     @field_validator("system")
     @classmethod
@@ -553,7 +567,7 @@ class UsageOut(BaseModel):
 
 
 class TokenIn(StrictModel):
-    session_id: UUID
+    session_id: Annotated[UUID, Lax]
     read_only: bool = False
     ttl_seconds: int = Field(900, ge=10, description="Lifetime, at most the server's maximum")
 

@@ -2,10 +2,11 @@
 
 FastAPI documents only a `422` with its own `application/json` validation shape. Every
 error Parley sends is `application/problem+json` (see `problems.py`), and which ones an
-operation can send follows from what it takes: a key (401: every route under
-`/sessions`), a path parameter (404),
-parameters or a body (422), a JSON body (400), any body on a writing method (413, the
-body limit). Statuses a route declares itself (409, 502, 503) keep their descriptions.
+operation can send follows from what it takes: a key (401; 403 for a browser token out
+of its scope; 429 past a rate limit; 503 while the database cannot be reached), a path
+parameter (404), parameters or a body (422), a JSON body (400), any body on a writing
+method (413, the body limit). Statuses a route declares itself (409, 502, 503) keep
+their descriptions.
 This module derives the list for every operation and gives each the problem schema.
 """
 
@@ -23,18 +24,22 @@ PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 DESCRIPTIONS = {
     400: "The body is not valid JSON",
     401: "No valid API key",
+    403: "A browser token used outside its session or its rights",
     404: "No such resource (or another tenant's)",
     413: "The body is over the route's size limit",
     422: "The request is not valid; `errors` names the fields",
+    429: "A rate limit (`rate_limited`, with Retry-After) or a token budget (`budget_exceeded`)",
+    503: "The database cannot be reached now (`unavailable`, with Retry-After)",
 }
 WRITING_METHODS = {"post", "put", "patch"}
-KEYED_PREFIX = "/sessions"  # every route under it takes the caller's key (deps.TenantDep)
+# Every route under these takes the caller's key (deps.TenantDep).
+KEYED_PREFIXES = ("/sessions", "/webhooks", "/usage", "/tokens")
 # The event stream: the schema of one event (OpenAPI's reading of `text/event-stream`).
 EVENT_STREAM_SCHEMA = {
     "type": "object",
-    "description": "One Server-Sent Event: `id` is the run's event number (gap-free, for "
-    "Last-Event-ID), `event` its name, `data` a JSON document (docs/api.md lists them); "
-    "comment lines between events are keep-alive pings",
+    "description": "One Server-Sent Event: `id` is the run's event number (growing, never "
+    "reused; for Last-Event-ID), `event` its name, `data` a JSON document (docs/api.md "
+    "lists them); comment lines between events are keep-alive pings",
     "properties": {
         "id": {"type": "string", "pattern": "^[0-9]+$"},
         "event": {"type": "string"},
@@ -46,8 +51,8 @@ EVENT_STREAM_SCHEMA = {
 
 def _problem_statuses(path: str, method: str, operation: dict[str, Any]) -> set[int]:
     statuses = set()
-    if path.startswith(KEYED_PREFIX):
-        statuses.add(401)
+    if path.startswith(KEYED_PREFIXES):
+        statuses |= {401, 403, 429, 503}
     if "{" in path:
         statuses.add(404)
     body = operation.get("requestBody", {}).get("content", {})

@@ -15,7 +15,7 @@ import re
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
@@ -231,3 +231,15 @@ def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation)
     app.add_exception_handler(IntegrityError, _on_integrity_error)
+
+
+async def _method_not_allowed() -> None:
+    raise HTTPException(405)
+
+
+def refuse_other_methods(router: APIRouter, path: str, allowed: set[str]) -> None:
+    """For a literal segment where a parameter route would take it for an id
+    (`/sessions/import`, `/webhooks/deliveries`): other methods answer 405, not a 422
+    about the id. Call it before the parameter routes are added to `router`."""
+    others = sorted({"GET", "POST", "PUT", "PATCH", "DELETE"} - allowed)
+    router.add_api_route(path, _method_not_allowed, methods=others, include_in_schema=False)

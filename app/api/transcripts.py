@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
-from starlette.exceptions import HTTPException
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
+from app.api.problems import refuse_other_methods
 from app.conversation import sessions, transcripts
 from app.schemas import SessionOut, Text
 
@@ -48,12 +48,7 @@ async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse
     )
 
 
-@router.api_route(
-    "/sessions/import", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False
-)
-async def import_other_methods() -> None:
-    """`import` is no session id: other methods answer 405, not a 422 about a uuid."""
-    raise HTTPException(405)
+refuse_other_methods(router, "/sessions/import", {"POST"})
 
 
 @router.post(
