@@ -93,6 +93,11 @@ class Settings(BaseSettings):
     max_import_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
     max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
     sse_ping_seconds: float = Field(default=15.0, gt=0, le=15.0)
+    # A stream whose client stops reading is closed after a send waits this long.
+    sse_send_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    # A session's workspace: at most this many bytes in all, and this many files.
+    workspace_max_bytes: int = Field(default=100 * 1024 * 1024, ge=1)
+    workspace_max_files: int = Field(default=10_000, ge=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # Model
@@ -121,6 +126,8 @@ class Settings(BaseSettings):
     # How long a run step is retried while the database is unreachable.
     db_retry_seconds: float = Field(default=60.0, ge=0)
     tool_result_max_chars: int = Field(default=50_000, ge=1000)
+    # A built-in tool call still running after this long is stopped (an error result).
+    tool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     event_flush_seconds: float = Field(default=0.05, ge=0)
     shutdown_grace_seconds: float = Field(default=5.0, ge=0)
     # Bytes of recently used sessions' views kept in memory (0: none).
@@ -241,6 +248,8 @@ class Settings(BaseSettings):
             raise ValueError("PARLEY_MODEL_PROVIDER=anthropic needs ANTHROPIC_API_KEY")
         if "*" in self.cors_origins and len(self.cors_origins) > 1:
             raise ValueError("CORS origin '*' cannot be combined with other origins")
+        if self.workspace_max_bytes < self.max_file_bytes:
+            raise ValueError("PARLEY_WORKSPACE_MAX_BYTES must be at least PARLEY_MAX_FILE_BYTES")
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("PARLEY_RETRY_MAX_SECONDS must be at least PARLEY_RETRY_BASE_SECONDS")
         if self.webhook_retry_max_seconds < self.webhook_retry_base_seconds:

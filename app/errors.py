@@ -54,6 +54,10 @@ class Conflict(DomainError):
     """The resource's state does not allow this now (an active run, say)."""
 
 
+class TooLarge(DomainError):
+    """Past a size limit or a quota (a file, a session's workspace)."""
+
+
 class UpstreamFailed(DomainError):
     """The model API failed after retries."""
 

@@ -16,6 +16,7 @@ from app.api import (
     compaction,
     files,
     messages,
+    openapi,
     ops,
     playground,
     runs,
@@ -56,15 +57,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.runtime = runtime
     install_handlers(app)
+    openapi.install(app)
+    # transcripts first: its `/sessions/import` must win over `/sessions/{session_id}`
     for module in (
         ops,
         playground,
+        transcripts,
         sessions,
         messages,
         runs,
         compaction,
         files,
-        transcripts,
         webhooks,
         usage,
         tokens,

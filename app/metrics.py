@@ -26,6 +26,13 @@ runs_total = Counter(
     registry=REGISTRY,
 )
 runs_active = Gauge("parley_runs_active", "Runs executing in this process", registry=REGISTRY)
+run_takeovers = Counter(
+    "parley_run_takeovers_total",
+    "Runs this process resumed after the process running them stopped, by why "
+    "(handover: released at shutdown; expired: its lease ran out)",
+    ["reason"],
+    registry=REGISTRY,
+)
 model_calls = Counter(
     "parley_model_calls_total", "Model API calls, by outcome", ["outcome"], registry=REGISTRY
 )

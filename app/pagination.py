@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from app.context.shapes import unstorable
 from app.errors import Invalid
 
 T = TypeVar("T")
@@ -61,8 +62,8 @@ def as_int(value: Any) -> int:
 
 
 def as_str(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError("not a string")
+    if not isinstance(value, str) or unstorable(value):
+        raise TypeError("not a storable string")
     return value
 
 

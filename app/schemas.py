@@ -7,19 +7,69 @@ from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
 
+from app.context.shapes import RESULT_CONTENT_BLOCKS, ShapeError, check_block, check_storable
 from app.context.tools import BuiltinTool
 from app.domain import IfBusy, RunKind, RunStatus
 
 T = TypeVar("T")
 
 TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-USER_BLOCK_TYPES = {"text", "image", "document"}
+USER_BLOCK_TYPES = frozenset({"text", "image", "document"})
+
+
+# --- text that can be stored ------------------------------------------------------------
+
+
+def storable(value: T) -> T:
+    """Refuse any string (or key, at any depth) holding NUL or a lone surrogate; the
+    message names where it lies inside the field."""
+    try:
+        check_storable(value, "value")
+    except ShapeError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+Storable = AfterValidator(storable)
+# A string that can be stored: the type of every free-text field a client sends.
+Text = Annotated[str, Storable]
+JsonObject = Annotated[dict[str, Any], Storable]
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields are refused, and so are values of another JSON type
+    (`0` for a boolean, `"5"` for an integer): the body must match the documented schema.
+    Strings that name a uuid or an enum member are converted (`Lax`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# A uuid or an enum member, given in JSON as a string.
+Lax = Strict(False)
+
+_RFC3339_DATE = re.compile(r"\d{4}-\d\d-\d\d")
+
+
+def _rfc3339_only(value: Any) -> Any:
+    """A time as a query parameter: an RFC 3339 date and time, not a number of seconds
+    (pydantic's lax mode would read `0.5` as 1970)."""
+    if isinstance(value, str) and not _RFC3339_DATE.match(value):
+        raise ValueError("must be an RFC 3339 date and time, such as 2026-12-01T00:00:00Z")
+    return value
+
+
+Timestamp = Annotated[datetime, BeforeValidator(_rfc3339_only)]
 
 
 class Page(BaseModel, Generic[T]):
@@ -41,12 +91,15 @@ def check_user_blocks(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
             text = block.get("text")
             if not isinstance(text, str) or not text.strip():
                 raise ValueError(f"content[{i}]: text blocks must contain non-whitespace text")
-        elif not isinstance(block.get("source"), dict):
-            raise ValueError(f"content[{i}]: {kind} blocks need a source object")
+        else:
+            try:  # what the model API would refuse on every later turn
+                check_block(block, f"content[{i}]", USER_BLOCK_TYPES)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
     return blocks
 
 
-UserContent = Annotated[str, Field(min_length=1)] | list[dict[str, Any]]
+UserContent = Annotated[Annotated[str, Field(min_length=1)] | list[dict[str, Any]], Storable]
 
 
 def check_user_content(value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
@@ -109,12 +162,18 @@ class ThinkingConfig(StrictModel):
 class ToolDefinition(BaseModel):
     """A client tool in the Anthropic shape; `compactable` is Parley's own key."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     name: str
-    description: str | None = None
-    input_schema: dict[str, Any]
+    description: Text | None = None
+    input_schema: JsonObject
     compactable: bool = False
+
+    @model_validator(mode="after")
+    def _storable_extra(self) -> ToolDefinition:
+        for key, value in (self.model_extra or {}).items():
+            storable({key: value})
+        return self
 
     @field_validator("name")
     @classmethod
@@ -131,7 +190,7 @@ class ToolDefinition(BaseModel):
         return value
 
 
-SystemPrompt = str | list[dict[str, Any]]
+SystemPrompt = Annotated[str | list[dict[str, Any]], Storable]
 
 
 def check_system(value: SystemPrompt | None) -> SystemPrompt | None:
@@ -147,15 +206,15 @@ class SessionFields(StrictModel):
     # name clash) see exactly what the client sent.
     model_config = ConfigDict(extra="forbid", use_enum_values=True)
 
-    title: str | None = Field(None, max_length=500)
-    model: str | None = Field(None, min_length=1, max_length=200)
+    title: Text | None = Field(None, max_length=500)
+    model: Text | None = Field(None, min_length=1, max_length=200)
     system: SystemPrompt | None = None
     tools: list[ToolDefinition] | None = None
-    builtin_tools: list[BuiltinTool] | None = None
+    builtin_tools: list[Annotated[BuiltinTool, Lax]] | None = None
     max_tokens: int | None = Field(None, ge=1, le=128_000)
     thinking: ThinkingConfig | None = None
     # Input + output tokens the session may use per budget period (null: no limit).
-    token_budget: int | None = Field(None, ge=1)
+    token_budget: int | None = Field(None, ge=1, le=10**15)
 
     @field_validator("system")
     @classmethod
@@ -173,15 +232,15 @@ class SessionFields(StrictModel):
 
 
 class SessionCreate(SessionFields):
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: JsonObject = Field(default_factory=dict)
     compaction: CompactionSettings = Field(default_factory=CompactionSettings)
 
 
 class SessionPatch(SessionFields):
     """`metadata` and `compaction` are JSON Merge Patches (RFC 7396)."""
 
-    metadata: dict[str, Any] | None = None
-    compaction: dict[str, Any] | None = None
+    metadata: JsonObject | None = None
+    compaction: JsonObject | None = None
 
 
 class Usage(BaseModel):
@@ -221,7 +280,7 @@ class SessionOut(BaseModel):
 
 
 class MessageOut(BaseModel):
-    uuid: UUID
+    uuid: Annotated[UUID, Lax]
     parent_uuid: UUID | None
     logical_parent_uuid: UUID | None
     type: str
@@ -238,7 +297,7 @@ class MessageOut(BaseModel):
 
 
 class TreeNode(BaseModel):
-    uuid: UUID
+    uuid: Annotated[UUID, Lax]
     parent_uuid: UUID | None
     logical_parent_uuid: UUID | None
     type: str
@@ -249,15 +308,15 @@ class TreeNode(BaseModel):
 
 
 class HeadIn(StrictModel):
-    uuid: UUID
+    uuid: Annotated[UUID, Lax]
 
 
 class ForkIn(StrictModel):
-    at_uuid: UUID | None = None
+    at_uuid: Annotated[UUID, Lax] | None = None
 
 
 class SnipIn(StrictModel):
-    uuids: list[UUID] = Field(min_length=1, max_length=1000)
+    uuids: list[Annotated[UUID, Lax]] = Field(min_length=1, max_length=1000)
 
 
 class SnipOut(BaseModel):
@@ -280,11 +339,11 @@ class DeliveryMode(StrictModel):
 
 class TurnIn(DeliveryMode):
     content: UserContent
-    parent_uuid: UUID | None = None
-    if_busy: IfBusy = IfBusy.REJECT
+    parent_uuid: Annotated[UUID, Lax] | None = None
+    if_busy: Annotated[IfBusy, Lax] = IfBusy.REJECT
     # Told of this run's events (signed with the tenant's turn secret), beside the
     # tenant's registered endpoints.
-    webhook_url: str | None = Field(None, min_length=8, max_length=2000)
+    webhook_url: Text | None = Field(None, min_length=8, max_length=2000)
 
     @field_validator("content")
     @classmethod
@@ -293,9 +352,20 @@ class TurnIn(DeliveryMode):
 
 
 class ToolResultIn(StrictModel):
-    tool_use_id: str = Field(min_length=1)
-    content: str | list[dict[str, Any]] = ""
+    tool_use_id: Text = Field(min_length=1, max_length=256)
+    content: Annotated[str | list[dict[str, Any]], Storable] = ""
     is_error: bool = False
+
+    @field_validator("content")
+    @classmethod
+    def _blocks(cls, value: str | list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+        if isinstance(value, list):
+            try:  # what the model API would refuse on every later turn
+                for i, block in enumerate(value):
+                    check_block(block, f"content[{i}]", RESULT_CONTENT_BLOCKS)
+            except ShapeError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
 
 class ToolResultsIn(DeliveryMode):
@@ -303,7 +373,7 @@ class ToolResultsIn(DeliveryMode):
 
 
 class CompactIn(StrictModel):
-    instructions: str | None = Field(None, max_length=20_000)
+    instructions: Text | None = Field(None, max_length=20_000)
     background: bool = False
 
 
@@ -405,6 +475,26 @@ class FileOut(BaseModel):
     updated_at: datetime
 
 
+class ProblemError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """An error answer (RFC 9457, `application/problem+json`): `type` is what clients
+    branch on (`invalid_request`, `unauthorized`, `not_found`, `conflict`, ...); a 422
+    names the offending fields in `errors`; some problems add members (`run_id`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[ProblemError] | None = None
+
+
 class Health(BaseModel):
     status: str
     detail: str | None = None
@@ -477,7 +567,7 @@ class UsageOut(BaseModel):
 
 
 class TokenIn(StrictModel):
-    session_id: UUID
+    session_id: Annotated[UUID, Lax]
     read_only: bool = False
     ttl_seconds: int = Field(900, ge=10, description="Lifetime, at most the server's maximum")
 

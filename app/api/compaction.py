@@ -120,7 +120,11 @@ def _compaction_result(run: Run, _records: list[MessageRecord]) -> Response:
     return JSONResponse(result.model_dump(mode="json"))
 
 
-@router.post("/snip", summary="Snip messages")
+@router.post(
+    "/snip",
+    responses={409: {"description": "Snipping would split a tool call or leave no user turn"}},
+    summary="Snip messages",
+)
 async def snip_messages(
     body: SnipIn, session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
 ) -> SnipOut:

@@ -8,6 +8,7 @@ run's event log, a wait-mode answer waits for the run to settle, then reads its 
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from sqlalchemy import Row
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from app import metrics
@@ -30,6 +32,7 @@ from app.models import Run
 from app.schemas import TurnResult
 
 Mode = Literal["stream", "background", "wait"]
+log = logging.getLogger("parley.http")
 
 SSE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {
@@ -43,6 +46,18 @@ def delivery_mode(request: Request, *, stream: bool, background: bool) -> Mode:
     if stream or "text/event-stream" in request.headers.get("accept", ""):
         return "background" if background else "stream"
     return "background" if background else "wait"
+
+
+class EventStream(EventSourceResponse):
+    """An SSE answer that lets go of a client that stopped reading: a send that waits
+    longer than the send timeout ends the stream (the run goes on; the client may
+    reconnect with Last-Event-ID)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            log.info("closed an event stream whose client stopped reading")
 
 
 def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceResponse:
@@ -66,12 +81,13 @@ def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceRe
                 await source.aclose()
             metrics.sse_streams.dec()
 
-    return EventSourceResponse(
+    return EventStream(
         events(),
         ping=runtime.settings.sse_ping_seconds,
         shutdown_event=shutdown,
         shutdown_grace_period=1.0,
-        headers={"Cache-Control": "no-cache"},
+        # a client that stops reading is let go once one send has waited this long
+        send_timeout=runtime.settings.sse_send_timeout_seconds,
     )
 
 

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import auth
@@ -19,6 +19,11 @@ from app.db import commit, rollback
 from app.engine.runtime import Runtime
 from app.errors import Forbidden, NotFound, Unauthorized
 from app.models import AgentSession
+from app.pagination import MAX_CURSOR_CHARS
+from app.schemas import Text
+
+# `after` of every list: the `next_cursor` of the previous page (opaque, bounded).
+AfterQuery = Annotated[Text | None, Query(max_length=MAX_CURSOR_CHARS)]
 
 
 def get_runtime(request: Request) -> Runtime:

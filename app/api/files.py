@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import DbDep, SessionDep
+from app.api.deps import AfterQuery, DbDep, SessionDep, SettingsDep
 from app.conversation import files
 from app.models import File
 from app.schemas import FileOut, Page
@@ -23,7 +23,7 @@ async def list_files(
     session: SessionDep,
     db: DbDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    after: str | None = None,
+    after: AfterQuery = None,
 ) -> Page[FileOut]:
     """The session's workspace files (path, size, SHA-256, last change), ordered by path, a
     page at a time (`after`: the `next_cursor` of the previous page)."""
@@ -33,18 +33,25 @@ async def list_files(
 
 @router.put(
     "/{path:path}",
-    responses={200: {"model": FileOut}, 201: {"model": FileOut}},
+    responses={
+        200: {"model": FileOut},
+        201: {"model": FileOut},
+        409: {"description": "A concurrent write created the same file; retry"},
+    },
     openapi_extra={
         "requestBody": {"content": {"application/octet-stream": {"schema": {"type": "string"}}}}
     },
     summary="Write a file",
 )
-async def put_file(path: str, request: Request, session: SessionDep, db: DbDep) -> Response:
+async def put_file(
+    path: str, request: Request, session: SessionDep, db: DbDep, settings: SettingsDep
+) -> Response:
     """Create or replace a workspace file with the raw request body. Answers 201 when
-    created, 200 when replaced; 422 for a path that is invalid or leaves the workspace,
-    413 over the file size limit."""
+    created, 200 when replaced; 422 for a path that is invalid, leaves the workspace, lies
+    under a file or names a directory; 413 over the file size limit or the workspace's
+    quota (bytes or files)."""
     clean = files.workspace_path(path)  # before reading a body that may be refused anyway
-    row, created = await files.put(db, session.id, clean, await request.body())
+    row, created = await files.put(db, session.id, clean, await request.body(), settings)
     return Response(
         file_out(row).model_dump_json(),
         status_code=201 if created else 200,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
+from app.api.deps import AfterQuery, DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import branches, history, sessions
 from app.conversation.payloads import message_out
 from app.schemas import ForkIn, HeadIn, MessageOut, Page, SessionOut, TreeNode
@@ -23,7 +23,7 @@ async def list_messages(
     views: ViewsDep,
     view: Literal["full", "api"] = "full",
     order: Literal["asc", "desc"] = "asc",
-    after: str | None = None,
+    after: AfterQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     head: uuid.UUID | None = None,
 ) -> Page[MessageOut]:
@@ -50,7 +50,7 @@ async def get_message(session: SessionDep, db: DbDep, message_uuid: uuid.UUID) -
 async def get_tree(
     session: SessionDep,
     db: DbDep,
-    after: str | None = None,
+    after: AfterQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 500,
 ) -> Page[TreeNode]:
     """Every message of the session, on all branches, in the order they were stored, as
@@ -60,7 +60,10 @@ async def get_tree(
     return Page[TreeNode](data=nodes, next_cursor=cursor)
 
 
-@router.put("/head", summary="Move the head")
+ACTIVE_RUN: dict[int | str, dict[str, Any]] = {409: {"description": "A run is active"}}
+
+
+@router.put("/head", responses=ACTIVE_RUN, summary="Move the head")
 async def put_head(
     body: HeadIn, session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
 ) -> SessionOut:
@@ -87,7 +90,7 @@ async def fork_session(
     return await sessions.to_out(db, target, settings, views, status="idle")
 
 
-@router.post("/clear", summary="Clear the conversation")
+@router.post("/clear", responses=ACTIVE_RUN, summary="Clear the conversation")
 async def clear_session(
     session: SessionDep, db: DbDep, settings: SettingsDep, views: ViewsDep
 ) -> SessionOut:

@@ -25,6 +25,9 @@ log = logging.getLogger("parley.http")
 
 
 _VALID_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:@/+=-]{1,128}$")
+# Every answer: never sniffed into another type; not cached unless its route says so
+# (the playground's page and assets say `no-cache`). API answers hold tenant data.
+_DEFAULT_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"cache-control", b"no-store"))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -35,8 +38,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 class RequestContextMiddleware:
-    """X-Request-Id on every answer, request metrics, and a problem+json answer (no
-    trace; `problems.last_resort`) for anything that escaped the exception handlers."""
+    """X-Request-Id and the default security headers on every answer, request metrics,
+    and a problem+json answer (no trace; `problems.last_resort`) for anything that
+    escaped the exception handlers."""
 
     def __init__(self, app: ASGIApp, route_name: Callable[[Scope], str]) -> None:
         self.app = app
@@ -60,6 +64,8 @@ class RequestContextMiddleware:
                 status_holder["status"] = message["status"]
                 status_holder["started"] = True
                 headers = list(message.get("headers", []))
+                present = {key.lower() for key, _ in headers}
+                headers += [item for item in _DEFAULT_HEADERS if item[0] not in present]
                 headers.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)

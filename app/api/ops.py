@@ -57,7 +57,12 @@ def _unready(detail: str) -> Response:
     )
 
 
-@router.get("/metrics", response_class=Response, summary="Get metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    summary="Get metrics",
+)
 async def prometheus_metrics() -> Response:
     """The process's metrics in the Prometheus text format. No key needed."""
     return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)

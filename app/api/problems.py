@@ -10,12 +10,15 @@ may be repeated as it is), 422 when Postgres refused the request's text (a NUL),
 
 from __future__ import annotations
 
+import json
+import re
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException
 
 from app.db import is_transient, is_unstorable_text
@@ -28,6 +31,7 @@ from app.errors import (
     NoGain,
     NotFound,
     RateLimited,
+    TooLarge,
     Unauthorized,
     Unavailable,
     UpstreamFailed,
@@ -46,6 +50,7 @@ DOMAIN_PROBLEMS: dict[type[DomainError], tuple[int, str, str]] = {
     Forbidden: (403, "forbidden", "Forbidden"),
     NotFound: (404, "not_found", "Not found"),
     Conflict: (409, "conflict", "Conflict"),
+    TooLarge: (413, "payload_too_large", "Payload too large"),
     UpstreamFailed: (502, "upstream_error", "Model API failed"),
     RateLimited: (429, "rate_limited", "Too many requests"),
     BudgetExceeded: (429, "budget_exceeded", "Token budget exceeded"),
@@ -62,6 +67,16 @@ _SLUG_BY_STATUS = {
 TOO_LARGE_TITLE = "Payload too large"
 
 
+class ProblemResponse(JSONResponse):
+    """A problem document, ASCII-escaped: the text it echoes (a field name, a path) may
+    hold a lone surrogate, which UTF-8 cannot encode but a JSON escape can carry."""
+
+    media_type = PROBLEM_JSON
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> dict[str, Any]:
     return {"type": slug, "title": title, "status": status, "detail": detail, **extra}
 
@@ -76,7 +91,7 @@ def problem_response(
     **extra: Any,
 ) -> JSONResponse:
     body = problem(status, slug, title, detail, **extra)
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+    return ProblemResponse(body, status_code=status, headers=headers)
 
 
 def domain_problem(exc: DomainError) -> tuple[int, dict[str, Any]]:
@@ -104,7 +119,7 @@ async def _on_domain_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, DomainError)
     status, body = domain_problem(exc)
     headers = _headers_for(status, exc)
-    return JSONResponse(body, status_code=status, headers=headers, media_type=PROBLEM_JSON)
+    return ProblemResponse(body, status_code=status, headers=headers)
 
 
 def last_resort(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
@@ -130,15 +145,47 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     detail = exc.detail if isinstance(exc.detail, str) and exc.detail != phrase else None
     if status == 404 and (detail is None or detail == "Not Found"):
         detail = f"No route for {request.method} {request.url.path}"
-    elif status == 405:
+    headers = getattr(exc, "headers", None)
+    if status == 405:
         detail = f"Method {request.method} is not allowed on {request.url.path}"
+        # Starlette names the methods of the first route that matched the path only
+        headers = {**(headers or {}), "Allow": ", ".join(_allowed(request))}
     return problem_response(
-        status,
-        _SLUG_BY_STATUS.get(status, "error"),
-        title,
-        detail or phrase,
-        headers=getattr(exc, "headers", None),
+        status, _SLUG_BY_STATUS.get(status, "error"), title, detail or phrase, headers=headers
     )
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every documented method of the request's path (from the OpenAPI document); a
+    literal segment wins over a parameter (`/sessions/import` is no session id)."""
+    templates: list[tuple[re.Pattern[str], int, list[str]]] | None = getattr(
+        request.app.state, "path_methods", None
+    )
+    if templates is None:
+        templates = [
+            (_template_regex(path), path.count("{"), [method.upper() for method in operations])
+            for path, operations in request.app.openapi()["paths"].items()
+        ]
+        request.app.state.path_methods = templates
+    found = [
+        (params, methods)
+        for pattern, params, methods in templates
+        if pattern.match(request.url.path)
+    ]
+    fewest = min((params for params, _ in found), default=0)
+    return sorted({m for params, methods in found if params == fewest for m in methods})
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    parts = []
+    for segment in template.strip("/").split("/"):
+        if segment == "{path}":  # the Files routes' path spans segments
+            parts.append(".+")
+        elif segment.startswith("{"):
+            parts.append("[^/]+")
+        else:
+            parts.append(re.escape(segment))
+    return re.compile("/" + "/".join(parts) + "$")
 
 
 def _validation_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -168,7 +215,31 @@ async def _on_validation(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _on_integrity_error(_request: Request, exc: Exception) -> JSONResponse:
+    # Two requests raced for one unique row (the same Idempotency-Key, say): the loser's
+    # transaction rolled back, so nothing changed, and a retry gets the winner's answer.
+    return problem_response(
+        409,
+        "conflict",
+        "Conflict",
+        "The request conflicts with a concurrent one (the same Idempotency-Key?); retry it",
+    )
+
+
 def install_handlers(app: FastAPI) -> None:
     app.add_exception_handler(DomainError, _on_domain_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(IntegrityError, _on_integrity_error)
+
+
+async def _method_not_allowed() -> None:
+    raise HTTPException(405)
+
+
+def refuse_other_methods(router: APIRouter, path: str, allowed: set[str]) -> None:
+    """For a literal segment where a parameter route would take it for an id
+    (`/sessions/import`, `/webhooks/deliveries`): other methods answer 405, not a 422
+    about the id. Call it before the parameter routes are added to `router`."""
+    others = sorted({"GET", "POST", "PUT", "PATCH", "DELETE"} - allowed)
+    router.add_api_route(path, _method_not_allowed, methods=others, include_in_schema=False)

@@ -3,19 +3,24 @@ client tool results)."""
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.api.deps import DbDep, RuntimeDep, SessionDep, count_turn
+from app.api.deps import AfterQuery, DbDep, RuntimeDep, SessionDep, count_turn
 from app.conversation.payloads import run_out
+from app.domain import FINAL_RUN_STATUSES
 from app.engine import runs
 from app.engine.admission import request_hash
 from app.engine.webhooks import endpoints
 from app.errors import Invalid
 from app.schemas import DeliveryMode, Page, RunOut, ToolResultsIn, TurnIn, TurnResult
+
+MAX_EVENT_ID = 2**63 - 1  # event ids are bigint
+_EVENT_ID = re.compile(r"[0-9]{1,19}")
 
 router = APIRouter(prefix="/sessions/{session_id}", tags=["runs"])
 
@@ -108,7 +113,7 @@ async def list_runs(
     session: SessionDep,
     db: DbDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    after: str | None = None,
+    after: AfterQuery = None,
 ) -> Page[RunOut]:
     """The session's runs, newest first, a page at a time (`after`: the `next_cursor` of
     the previous page; 422 for a cursor that is not one)."""
@@ -134,24 +139,38 @@ async def run_events(
     session: SessionDep,
     db: DbDep,
     runtime: RuntimeDep,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=32)] = None,
+    after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
 ) -> Response:
     """The run's events as Server-Sent Events: the stored ones after `Last-Event-ID` (or the
     `after` query parameter), byte for byte as first sent, then live ones until the run
     settles. Event ids grow and are never reused, so a client that reconnects (to any
-    replica) misses nothing stored."""
-    await runs.load(db, session.id, run_id)
+    replica) misses nothing stored. 422 for an id that is not a whole number from 0 to
+    2^63-1, or is past the last event of a finished run (past that of a live one, nothing
+    is replayed)."""
+    run = await runs.load(db, session.id, run_id)
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise Invalid.field(
-                ["header", "Last-Event-ID"],
-                "not an event id",
-                "Last-Event-ID must be an event id (a whole number)",
-            )
-        start = int(last_event_id)
+        start = _event_id(last_event_id)
+    if run.status in FINAL_RUN_STATUSES and start > run.last_event_seq:
+        where: list[str | int] = (
+            ["header", "Last-Event-ID"] if last_event_id is not None else ["query", "after"]
+        )
+        raise Invalid.field(
+            where, "past the run's last event", f"The run's last event is {run.last_event_seq}"
+        )
     return sse_stream(runtime, run_id, start)
+
+
+def _event_id(header: str) -> int:
+    value = header.strip()
+    if not _EVENT_ID.fullmatch(value) or int(value) > MAX_EVENT_ID:
+        raise Invalid.field(
+            ["header", "Last-Event-ID"],
+            "not an event id",
+            "Last-Event-ID must be an event id (a whole number from 0 to 2^63-1)",
+        )
+    return int(value)
 
 
 @router.post("/runs/{run_id}/cancel", summary="Cancel a run")

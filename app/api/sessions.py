@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from app.api.deps import DbDep, RuntimeDep, SessionDep, SettingsDep, TenantDep, ViewsDep
+from app.api.deps import AfterQuery, DbDep, RuntimeDep, SessionDep, SettingsDep, TenantDep, ViewsDep
 from app.conversation import sessions
 from app.schemas import Page, SessionCreate, SessionOut, SessionPatch
 
@@ -35,7 +35,7 @@ async def list_sessions(
     settings: SettingsDep,
     views: ViewsDep,
     limit: Limit = 50,
-    after: str | None = None,
+    after: AfterQuery = None,
 ) -> Page[SessionOut]:
     """The tenant's sessions, newest first, a page at a time: pass `next_cursor` back as
     `after` for the next page. A cursor that is not one answers 422."""

@@ -8,8 +8,9 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
 from app.api.deps import DbDep, SessionDep, SettingsDep, TenantDep, ViewsDep
+from app.api.problems import refuse_other_methods
 from app.conversation import sessions, transcripts
-from app.schemas import SessionOut
+from app.schemas import SessionOut, Text
 
 router = APIRouter(tags=["transcripts"])
 
@@ -47,6 +48,9 @@ async def export_transcript(session: SessionDep, db: DbDep) -> StreamingResponse
     )
 
 
+refuse_other_methods(router, "/sessions/import", {"POST"})
+
+
 @router.post(
     "/sessions/import", status_code=201, openapi_extra=_JSONL_BODY, summary="Import a transcript"
 )
@@ -56,8 +60,8 @@ async def import_transcript(
     tenant: TenantDep,
     settings: SettingsDep,
     views: ViewsDep,
-    title: Annotated[str | None, Query(max_length=500)] = None,
-    model: Annotated[str | None, Query(min_length=1, max_length=200)] = None,
+    title: Annotated[Text | None, Query(max_length=500)] = None,
+    model: Annotated[Text | None, Query(min_length=1, max_length=200)] = None,
 ) -> SessionOut:
     """A new session holding the transcript's messages (fresh uuids, the originals kept as
     `metadata.source_uuid`), ready to be continued. Answers 201 with the session; a

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from app.api.deps import DbDep, SettingsDep, TenantDep
 from app.engine.quotas import budgets
 from app.errors import Invalid
-from app.schemas import SessionUsage, UsageOut
+from app.schemas import SessionUsage, Timestamp, UsageOut
 
 router = APIRouter(tags=["usage"])
 
@@ -24,8 +24,8 @@ async def get_usage(
     db: DbDep,
     tenant: TenantDep,
     settings: SettingsDep,
-    start: Annotated[datetime | None, Query(alias="from")] = None,
-    end: Annotated[datetime | None, Query(alias="to")] = None,
+    start: Annotated[Timestamp | None, Query(alias="from")] = None,
+    end: Annotated[Timestamp | None, Query(alias="to")] = None,
 ) -> UsageOut:
     """Input and output tokens of the tenant's model calls (turns, compaction summaries,
     collapses) from `from` (default: the start of the current budget period) to `to`

@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from app.api.deps import DbDep, SettingsDep, TenantDep
+from app.api.problems import refuse_other_methods
 from app.engine.webhooks import endpoints, signing
 from app.errors import Invalid
 from app.models import WebhookDelivery, WebhookEndpoint
@@ -66,7 +67,11 @@ async def list_webhooks(db: DbDep, tenant: TenantDep) -> Page[WebhookOut]:
     return Page[WebhookOut](data=[endpoint_out(e) for e in await endpoints.listed(db, tenant)])
 
 
-@router.get("/turn_secret", summary="Get the per-turn webhook secret")
+@router.get(
+    "/turn_secret",
+    summary="Get the per-turn webhook secret",
+    responses={422: {"description": "Per-turn webhooks are off (no PARLEY_SECRET_KEY)"}},
+)
 async def turn_secret(tenant: TenantDep, settings: SettingsDep) -> TurnSecretOut:
     """The secret that signs deliveries to a turn's own `webhook_url`: the same for all the
     tenant's turns. 422 when the operator has not set a server secret."""
@@ -90,6 +95,10 @@ async def redeliver_any(delivery_id: uuid.UUID, db: DbDep, tenant: TenantDep) ->
     """Like the endpoint's redeliver, for any of the tenant's deliveries (a turn's own
     `webhook_url` included). 404 when it is not the tenant's."""
     return delivery_out(await endpoints.redeliver(db, tenant, delivery_id))
+
+
+refuse_other_methods(router, "/deliveries", {"GET"})
+refuse_other_methods(router, "/turn_secret", {"GET"})
 
 
 @router.delete("/{webhook_id}", status_code=204, summary="Delete a webhook")

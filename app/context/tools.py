@@ -162,8 +162,9 @@ BUILTIN_TOOLS: dict[str, ToolSpec] = {
         ToolSpec(
             name=BuiltinTool.Grep.value,
             description=(
-                "Searches the content of workspace files with a regular expression (Python "
-                "`re` syntax), line by line. output_mode 'files_with_matches' (the default) "
+                "Searches the content of workspace files with a regular expression (RE2 "
+                "syntax: like Python `re`, without back-references or look-around), line "
+                "by line. output_mode 'files_with_matches' (the default) "
                 "lists the matching files; 'content' shows matching lines as "
                 "path:line_number:line; 'count' shows path:number_of_matching_lines. Narrow "
                 "the search with path (a file or directory) and glob (e.g. '*.py'; a glob "

@@ -11,11 +11,19 @@ import hashlib
 import uuid
 from typing import cast
 
-from sqlalchemy import Table, Uuid, delete, insert, literal, select
+from sqlalchemy import Table, Uuid, case, delete, func, insert, literal, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.conversation.workspace import PathError, Workspace, normalize_path
-from app.errors import Invalid, NotFound
+from app.config import Settings
+from app.conversation.workspace import (
+    LimitExceeded,
+    Limits,
+    PathError,
+    Workspace,
+    check_clash,
+    normalize_path,
+)
+from app.errors import Invalid, NotFound, TooLarge
 from app.models import File, utcnow
 from app.pagination import as_str, decode_cursor, page
 
@@ -23,9 +31,12 @@ files_t = cast(Table, File.__table__)
 
 
 class DbWorkspace(Workspace):
-    def __init__(self, db: AsyncSession, session_id: uuid.UUID) -> None:
+    def __init__(
+        self, db: AsyncSession, session_id: uuid.UUID, limits: Limits | None = None
+    ) -> None:
         self._db = db
         self._session_id = session_id
+        self.limits = limits or Limits()  # the defaults; the service passes its settings
 
     async def read(self, path: str) -> bytes | None:
         content: bytes | None = await self._db.scalar(
@@ -37,24 +48,69 @@ class DbWorkspace(Workspace):
         await self.put(path, data)
 
     async def put(self, path: str, data: bytes) -> tuple[File, bool]:
-        """Insert or update the file; returns its row and whether it was created."""
-        row = await self._db.get(File, (self._session_id, path))
-        created = row is None
-        if row is None:
-            row = File(session_id=self._session_id, path=path)
-            self._db.add(row)
-        row.content = data
-        row.size = len(data)
-        row.sha256 = hashlib.sha256(data).hexdigest()
-        row.updated_at = utcnow()
-        await self._db.flush()
-        return row, created
+        """Insert or update the file within the limits; returns its row (without its
+        content) and whether it was created. Raises PathError for a path that clashes
+        with a file or directory, LimitExceeded past a limit."""
+        self.limits.check_file(path, len(data))
+        mine = files_t.c.session_id == self._session_id
+        own = func.sum(case((files_t.c.path == path, files_t.c.size)))
+        files, total, old = (
+            await self._db.execute(
+                select(func.count(), func.coalesce(func.sum(files_t.c.size), 0), own).where(mine)
+            )
+        ).one()
+        if old is None:
+            await self._check_clash(path)
+        self.limits.check_write(path, len(data), files, int(total), old)
+        now, digest = utcnow(), hashlib.sha256(data).hexdigest()
+        values: dict[str, object] = {
+            "content": data,
+            "size": len(data),
+            "sha256": digest,
+            "updated_at": now,
+        }
+        if old is None:
+            values["created_at"] = now
+            await self._db.execute(
+                insert(files_t).values(session_id=self._session_id, path=path, **values)
+            )
+        else:
+            await self._db.execute(
+                update(files_t).where(mine, files_t.c.path == path).values(**values)
+            )
+        row = File(session_id=self._session_id, path=path, size=len(data), sha256=digest)
+        row.updated_at = now
+        return row, old is None
+
+    async def _check_clash(self, path: str) -> None:
+        """The workspace rule against the few rows that could break it (its ancestors, or
+        a file under it), found without loading every path."""
+        segments = path.split("/")
+        ancestors = ["/".join(segments[:depth]) for depth in range(1, len(segments))]
+        under = func.substr(files_t.c.path, 1, len(path) + 1) == path + "/"
+        clashing = await self._db.scalars(
+            select(files_t.c.path)
+            .where(
+                files_t.c.session_id == self._session_id,
+                or_(files_t.c.path.in_(ancestors), under) if ancestors else under,
+            )
+            .limit(1)
+        )
+        check_clash(path, clashing)
 
     async def list_paths(self) -> list[str]:
         paths = await self._db.scalars(select(File.path).where(File.session_id == self._session_id))
         # Sorted here, not by ORDER BY: a database collation (en_US, say) orders
         # differently from the code-point order the protocol promises.
         return sorted(paths)
+
+
+def limits_of(settings: Settings) -> Limits:
+    return Limits(
+        max_file_bytes=settings.max_file_bytes,
+        max_bytes=settings.workspace_max_bytes,
+        max_files=settings.workspace_max_files,
+    )
 
 
 def workspace_path(path: str) -> str:
@@ -84,10 +140,16 @@ async def get(db: AsyncSession, session_id: uuid.UUID, path: str) -> File:
 
 
 async def put(
-    db: AsyncSession, session_id: uuid.UUID, clean_path: str, data: bytes
+    db: AsyncSession, session_id: uuid.UUID, clean_path: str, data: bytes, settings: Settings
 ) -> tuple[File, bool]:
-    """Create or replace a file (`clean_path` went through `workspace_path`)."""
-    return await DbWorkspace(db, session_id).put(clean_path, data)
+    """Create or replace a file (`clean_path` went through `workspace_path`): 422 when the
+    path clashes with a file or directory, 413 past the size limit or the quota."""
+    try:
+        return await DbWorkspace(db, session_id, limits_of(settings)).put(clean_path, data)
+    except LimitExceeded as exc:
+        raise TooLarge(str(exc)) from None
+    except PathError as exc:
+        raise Invalid.field(["path", "path"], str(exc)) from None
 
 
 async def remove(db: AsyncSession, session_id: uuid.UUID, path: str) -> None:

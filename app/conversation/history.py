@@ -16,7 +16,7 @@ from app.conversation.sessions import config_of
 from app.conversation.views import ChainCache, load_view
 from app.errors import NotFound
 from app.models import AgentSession
-from app.pagination import as_int, bad_cursor, decode_cursor, page
+from app.pagination import as_int, as_str, bad_cursor, decode_cursor, page
 from app.schemas import MessageOut, TreeNode
 
 
@@ -79,7 +79,7 @@ def _message_cursor(after: str) -> str:
     try:
         return str(uuid.UUID(after))
     except ValueError:
-        (value,) = decode_cursor(after, str)
+        (value,) = decode_cursor(after, as_str)
         return str(value)
 
 

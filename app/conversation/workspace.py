@@ -23,7 +23,8 @@ names are compared exactly, as on a POSIX file system.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 # The width of `files.path`; normalisation never lengthens a path, so checking the
@@ -37,13 +38,63 @@ class PathError(ValueError):
     """A path the workspace cannot use; the message says why, for a client or the model."""
 
 
+class LimitExceeded(ValueError):
+    """A write that would pass a file's size limit or the workspace's quota."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The size of one file, and the bytes and files of one session's workspace."""
+
+    max_file_bytes: int = 10 * 1024 * 1024
+    max_bytes: int = 100 * 1024 * 1024
+    max_files: int = 10_000
+
+    def check_file(self, path: str, size: int) -> None:
+        if size > self.max_file_bytes:
+            raise LimitExceeded(
+                f"{path} would be {size} bytes, over the limit of {self.max_file_bytes} "
+                "bytes for one file"
+            )
+
+    def check_write(self, path: str, size: int, files: int, total: int, old: int | None) -> None:
+        """A write of `size` bytes to `path` in a workspace of `files` files and `total`
+        bytes, where `path` now holds `old` bytes (None: no such file)."""
+        self.check_file(path, size)
+        if old is None and files + 1 > self.max_files:
+            raise LimitExceeded(
+                f"the workspace holds {files} files, the most it may; delete one first"
+            )
+        after = total - (old or 0) + size
+        if after > self.max_bytes:
+            raise LimitExceeded(
+                f"writing {path} would make the workspace {after} bytes, over its quota of "
+                f"{self.max_bytes} bytes; delete or shorten files first"
+            )
+
+
+def check_clash(path: str, paths: Iterable[str]) -> None:
+    """A file cannot lie under another file, nor take the name of a directory (one
+    with files under it); `paths` holds at least every existing path that could clash."""
+    prefix = path + "/"
+    ancestors = {"/".join(path.split("/")[:depth]) for depth in range(1, path.count("/") + 1)}
+    for existing in paths:
+        if existing.startswith(prefix):
+            raise PathError(f"{path} is a directory (files lie under it); choose another name")
+        if existing in ancestors:
+            raise PathError(f"{existing} is a file, so {path} cannot be created under it")
+
+
 class Workspace(Protocol):
+    limits: Limits
+
     async def read(self, path: str) -> bytes | None:
         """The file's content, or None when there is no file at `path`."""
         ...
 
     async def write(self, path: str, data: bytes) -> None:
-        """Create the file or replace its content."""
+        """Create the file or replace its content; raises PathError when the path clashes
+        with a file or directory, LimitExceeded past the limits."""
         ...
 
     async def list_paths(self) -> list[str]:
@@ -94,7 +145,10 @@ def normalize_dir(path: str) -> str:
 class MemoryWorkspace:
     """A dict-backed workspace, for tests and the offline model."""
 
-    def __init__(self, files: Mapping[str, bytes | str] | None = None) -> None:
+    def __init__(
+        self, files: Mapping[str, bytes | str] | None = None, limits: Limits | None = None
+    ) -> None:
+        self.limits = limits or Limits()
         self.files: dict[str, bytes] = {}
         for path, data in (files or {}).items():
             self.files[normalize_path(path)] = data.encode() if isinstance(data, str) else data
@@ -103,6 +157,13 @@ class MemoryWorkspace:
         return self.files.get(path)
 
     async def write(self, path: str, data: bytes) -> None:
+        old = self.files.get(path)
+        if old is None:
+            check_clash(path, self.files)
+        total = sum(len(content) for content in self.files.values())
+        self.limits.check_write(
+            path, len(data), len(self.files), total, None if old is None else len(old)
+        )
         self.files[path] = data
 
     async def list_paths(self) -> list[str]:

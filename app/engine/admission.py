@@ -164,7 +164,11 @@ class Admission:
             return run  # a retry gets its run even when the budget is spent since
         if if_busy != IfBusy.INTERRUPT:  # `_interrupt` checked, before it cancelled
             await self.check_quotas(db, session)
-        active = await runs.active(db, session.id) if if_busy == IfBusy.ENQUEUE else None
+        # Look before inserting: a claim that inserted an active run beside one whose last
+        # step is committing deadlocks with it on the one-active-run index.
+        active = await runs.active(db, session.id)
+        if active is not None and if_busy == IfBusy.REJECT:
+            raise runs.conflict_for(active)
         crowded = await running.at_limit(db, self.resources.settings, session.tenant)
         if crowded is not None and if_busy != IfBusy.ENQUEUE:
             metrics.throttled.labels("running_runs").inc()

@@ -379,7 +379,7 @@ class TurnRunner:
             self._session.id,
             builtins,
             round_,
-            self.settings.tool_result_max_chars,
+            self.settings,
             self._record_result,
         )
         if round_.waiting:

@@ -187,6 +187,7 @@ class Supervisor:
                 await self._fail(db, session, run, error, runs.INTERRUPTED_TOOL_TEXT)
                 return False
             run.takeovers += 1
+            released = run.worker_id is None  # handed over at a shutdown (or expired)
             # The next owner's ids start after any id stored or reserved before.
             stored = await db.scalar(
                 select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id)
@@ -198,6 +199,7 @@ class Supervisor:
                 lease_seconds=self.settings.run_lease_seconds,
             )
         log.info("taking over run %s (take-over %d)", run_id, run.takeovers)
+        metrics.run_takeovers.labels("handover" if released else "expired").inc()
         self.launch(run, session)
         return True
 

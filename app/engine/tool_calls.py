@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
+from app.config import Settings
 from app.context.session import SessionConfig
 from app.context.tools import READ_ONLY_TOOLS, client_tool_names
 from app.context.types import Block
-from app.conversation.files import DbWorkspace
+from app.conversation.files import DbWorkspace, limits_of
 from app.db import Database
 from app.domain import ToolResult
-from app.engine.tools.builtin import run_builtin, truncate_middle
+from app.engine.tools.builtin import ToolOutcome, run_builtin, truncate_middle
 
 TRUNCATED_TOOL_TEXT = (
     "The input of this tool call was cut off by the output token limit, so the tool did not "
@@ -85,7 +86,7 @@ async def run_builtins(
     session_id: uuid.UUID,
     uses: list[Block],
     round_: ToolRound,
-    max_chars: int,
+    settings: Settings,
     record: Record | None = None,
 ) -> None:
     """Consecutive read-only tools run concurrently; a writing tool runs alone, in order."""
@@ -95,24 +96,40 @@ async def run_builtins(
             batch.append(use)
             continue
         if batch:
-            outcomes = await asyncio.gather(
-                *(_run_one(db, session_id, u, max_chars) for u in batch)
-            )
+            outcomes = await asyncio.gather(*(_run_one(db, session_id, u, settings) for u in batch))
             round_.results.update(zip((u["id"] for u in batch), outcomes, strict=True))
             batch = []
         if use is not None:
-            round_.results[use["id"]] = await _run_one(db, session_id, use, max_chars, record)
+            round_.results[use["id"]] = await _run_one(db, session_id, use, settings, record)
 
 
 async def _run_one(
-    db: Database, session_id: uuid.UUID, use: Block, max_chars: int, record: Record | None = None
+    db: Database,
+    session_id: uuid.UUID,
+    use: Block,
+    settings: Settings,
+    record: Record | None = None,
 ) -> ToolResult:
-    async with db.transaction() as tx:
-        outcome = await run_builtin(use["name"], use["input"], DbWorkspace(tx, session_id))
-        result = ToolResult(
-            content=truncate_middle(outcome.content, max_chars), is_error=outcome.is_error
+    """One call in its own transaction, stopped after the tool time limit (its writes
+    roll back with the transaction). A writing tool's result is recorded (`record`) in
+    the transaction of its effect, so a resumed run never applies it twice."""
+    limit = settings.tool_timeout_seconds
+    try:
+        async with asyncio.timeout(limit), db.transaction() as tx:
+            workspace = DbWorkspace(tx, session_id, limits_of(settings))
+            outcome = await run_builtin(use["name"], use["input"], workspace)
+            result = ToolResult(
+                content=truncate_middle(outcome.content, settings.tool_result_max_chars),
+                is_error=outcome.is_error,
+            )
+            if record is not None and use["name"] not in READ_ONLY_TOOLS:
+                await record(tx, use["id"], result)
+    except TimeoutError:
+        outcome = ToolOutcome(
+            f"{use['name']} was stopped after {limit:g} seconds, its time limit, and changed "
+            "nothing; narrow it (a more specific path, glob or pattern) and call it again",
+            is_error=True,
         )
-        if record is not None and use["name"] not in READ_ONLY_TOOLS:
-            await record(tx, use["id"], result)
+        result = ToolResult(content=outcome.content, is_error=True)
     metrics.tool_calls.labels(use["name"], str(outcome.is_error).lower()).inc()
     return result

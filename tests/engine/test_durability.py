@@ -16,6 +16,7 @@ import pytest
 from sqlalchemy import event, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import metrics
 from app.conversation import store
 from app.db import Database
 from app.domain import RunStatus, ToolResult
@@ -57,7 +58,10 @@ async def test_shutdown_hands_the_run_over_and_another_process_resumes_it(
 
     second = make_harness(ScriptedModel())
     second.model.script(reply("Found nothing.", tool_use("Glob", {"pattern": "*"})), "Done.")
+    handovers = metrics.run_takeovers.labels("handover")
+    counted = handovers._value.get()
     assert await second.supervisor.take_over(run.id)
+    assert handovers._value.get() == counted + 1
     out = await second.settle(run.id)
 
     assert out.run.status == RunStatus.COMPLETED

@@ -5,7 +5,6 @@ failure (retries used up) keeps the turn at the head, as before."""
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import httpx
@@ -13,8 +12,6 @@ import httpx
 from tests.conftest import LiveServer
 from tests.fake_anthropic import FakeAnthropic, items
 from tests.runs.helpers import all_accepted, assert_next_request_valid, messages, new_session
-
-NOT_A_PNG = base64.b64encode(b"not an image at all").decode()
 
 
 async def post(client: httpx.AsyncClient, sid: str, content: Any) -> dict[str, Any]:
@@ -45,21 +42,22 @@ def texts_sent(body: dict[str, Any]) -> list[str]:
 
 
 async def test_refused_turns_leave_the_chain(live_fake: LiveServer, fake: FakeAnthropic) -> None:
-    fake.script("Hello.", "Still here.", "And now.")
+    fake.script("Hello.")
     async with live_fake.client() as client:
         sid = await new_session(client)
         first = await post(client, sid, "hi")
         reply = first["messages"][-1]["uuid"]
-        # A bogus image: the API answers 400 invalid_request_error.
-        image = {
-            "type": "image",
-            "source": {"type": "base64", "media_type": "image/png", "data": NOT_A_PNG},
-        }
-        bad = await post(client, sid, [{"type": "text", "text": "look"}, image])
+        # The API answers 400 invalid_request_error (a bogus image, say: Parley checks
+        # images itself now, so the fake is told to refuse).
+        refusal = "messages.2.content.1: the image does not appear to be a valid png image"
+        fake.script(items.error(400, refusal))
+        bad = await post(
+            client, sid, [{"type": "text", "text": "look"}, {"type": "text", "text": "here"}]
+        )
         run = bad["run"]
         assert run["status"] == "failed"
         assert run["error"]["type"] == "request_refused"
-        assert "does not appear to be a valid png image" in run["error"]["message"]
+        assert refusal in run["error"]["message"]
         refused = run["user_message_uuid"]
         assert await head_of(client, sid) == reply
         nodes = await tree(client, sid)
@@ -67,7 +65,7 @@ async def test_refused_turns_leave_the_chain(live_fake: LiveServer, fake: FakeAn
         assert nodes[refused]["parent_uuid"] == reply
         marked = (await client.get(f"/sessions/{sid}/messages/{refused}")).json()
         assert marked["subtype"] == "refused"
-        assert marked["content"][1]["type"] == "image"  # nothing the client sent is lost
+        assert marked["content"][1]["text"] == "here"  # nothing the client sent is lost
         # An oversized message: the API answers 413 request_too_large.
         fake.configure(max_request_bytes=20_000)
         big = await post(client, sid, "x" * 30_000)
@@ -82,8 +80,8 @@ async def test_refused_turns_leave_the_chain(live_fake: LiveServer, fake: FakeAn
         assert [m["uuid"] for m in chain][:2] == [first["messages"][0]["uuid"], reply]
         assert all(m["subtype"] != "refused" for m in chain)
         await assert_next_request_valid(client, sid)
-    # Both refusals were the fake's validation doing its job; everything else was valid.
-    assert len(fake.rejections) == 2
+    # The 413 was the fake's validation doing its job; everything else was valid.
+    assert len(fake.rejections) == 1
 
 
 async def test_transient_failure_keeps_the_turn(live_fake: LiveServer, fake: FakeAnthropic) -> None:

@@ -14,15 +14,21 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from app.context.shapes import ShapeError, check_content, check_storable, unstorable
 from app.context.types import COMPACT_BOUNDARY, COMPACT_SUMMARY
 from app.errors import Invalid
 
 SYNTHETIC_MODEL = "<synthetic>"  # Claude Code's model name for locally made replies
 MAX_SUBTYPE = 64  # the column's length
 MAX_MODEL = 200
+MAX_STOP_REASON = 64  # the column's length
+MAX_COUNTER = 2**53  # a usage counter above this is no count of tokens
 
 
-def line_error(number: int, message: str) -> Invalid:
+def line_error(number: int, message: str, field: str | None = None) -> Invalid:
+    """422 naming the line, and in the message the field of it (`message.content[0].id`)."""
+    if field:
+        message = f"{field} {message}"
     return Invalid(
         f"line {number}: {message}",
         errors=[{"loc": ["body", "line", number], "msg": message, "type": "value_error"}],
@@ -87,25 +93,29 @@ def _optional_str(obj: dict[str, Any], key: str, number: int) -> str | None:
     raise line_error(number, f"{key} must be a string or null")
 
 
-def _parse_time(value: Any) -> datetime | None:
+def _parse_time(value: Any, number: int) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
+    try:  # stored in UTC: year 1 with a positive offset falls before year 1
+        return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    except OverflowError:
+        raise line_error(number, "is out of range", "timestamp") from None
 
 
-def _content(message: dict[str, Any], number: int) -> list[Any]:
+def _content(message: dict[str, Any], number: int, role: str) -> list[Any]:
     content = message.get("content")
     if isinstance(content, str):
         return [{"type": "text", "text": content}] if content else []
     if not isinstance(content, list):
         raise line_error(number, "message.content must be a string or a list of blocks")
-    for i, block in enumerate(content):
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise line_error(number, f"message.content[{i}] is not a content block")
+    try:  # what the model API would refuse on every later turn is refused now
+        check_content(content, "message.content", str(message.get("role") or role))
+    except ShapeError as exc:
+        raise line_error(number, exc.message, exc.where) from None
     return content
 
 
@@ -116,7 +126,11 @@ def _usage(message: dict[str, Any], number: int) -> dict[str, int] | None:
     if not isinstance(usage, dict):
         raise line_error(number, "message.usage must be an object")
     # Parley stores the integer counters only, as the agent loop does.
-    return {k: v for k, v in usage.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return {
+        k: v
+        for k, v in usage.items()
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNTER
+    }
 
 
 def _subtype(obj: dict[str, Any], kind: str) -> str | None:
@@ -142,14 +156,17 @@ def _message_fields(obj: dict[str, Any], kind: str, number: int) -> dict[str, An
         raise line_error(number, "message must be an object")
     fields: dict[str, Any] = {
         "role": "assistant" if kind == "assistant" else "user",
-        "content": _content(message, number),
+        "content": _content(message, number, "assistant" if kind == "assistant" else "user"),
     }
     if kind == "assistant":
         model = _optional_str(message, "model", number)
+        stop_reason = _optional_str(message, "stop_reason", number)
+        if stop_reason is not None and len(stop_reason) > MAX_STOP_REASON:
+            raise line_error(number, f"is longer than {MAX_STOP_REASON}", "message.stop_reason")
         fields.update(
             message_id=_optional_str(message, "id", number),
             model=model[:MAX_MODEL] if model else None,
-            stop_reason=_optional_str(message, "stop_reason", number),
+            stop_reason=stop_reason,
             usage=_usage(message, number),
         )
     return fields
@@ -168,11 +185,28 @@ def parse_line(number: int, obj: dict[str, Any], kind: str) -> SourceLine:
         "type": kind,
         "subtype": _subtype(obj, kind),
         "is_meta": obj.get("isMeta") is True,
-        "created_at": _parse_time(obj.get("timestamp")),
+        "created_at": _parse_time(obj.get("timestamp"), number),
     }
     if kind == "system":
-        return SourceLine(**common, role=None, content=[], meta=_boundary_meta(obj))
-    return SourceLine(**common, **_message_fields(obj, kind, number))
+        line = SourceLine(**common, role=None, content=[], meta=_boundary_meta(obj))
+    else:
+        line = SourceLine(**common, **_message_fields(obj, kind, number))
+    stored = {
+        "uuid": line.uuid,
+        "parentUuid": line.parent,
+        "logicalParentUuid": line.logical_parent,
+        "subtype": line.subtype,
+        "message.id": line.message_id,
+        "message.model": line.model,
+        "message.stop_reason": line.stop_reason,
+        "compactMetadata": line.meta,
+    }
+    for name, value in stored.items():
+        try:
+            check_storable(value, name)
+        except ShapeError as exc:
+            raise line_error(number, exc.message, exc.where) from None
+    return line
 
 
 @dataclass
@@ -205,16 +239,18 @@ class Transcript:
             return  # a line written twice (a resumed session): the first one counts
         self.index[line.uuid] = len(self.lines)
         self.lines.append(line)
-        if self.source_session_id is None and isinstance(obj.get("sessionId"), str):
-            self.source_session_id = obj["sessionId"]
+        session_id = obj.get("sessionId")
+        if self.source_session_id is None and isinstance(session_id, str):
+            self.source_session_id = None if unstorable(session_id) else session_id[:200]
 
     def _skip(self, obj: dict[str, Any]) -> None:
         source = obj.get("uuid")
         if isinstance(source, str) and source not in self.index:
             parent = obj.get("parentUuid") or obj.get("logicalParentUuid")
             self.skipped.setdefault(source, parent if isinstance(parent, str) else None)
-        if obj.get("type") == "summary" and isinstance(obj.get("summary"), str):
-            self.title = obj["summary"][:500] or None
+        summary = obj.get("summary")
+        if obj.get("type") == "summary" and isinstance(summary, str) and not unstorable(summary):
+            self.title = summary[:500] or None
 
     def model(self) -> str | None:
         """The model of the last real reply (not one Claude Code made up locally)."""

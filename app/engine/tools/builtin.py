@@ -12,14 +12,22 @@ output), so Read's line numbers and Grep's always agree.
 
 from __future__ import annotations
 
-import re
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from app.context.tools import BUILTIN_TOOLS, MAX_LINE_CHARS, READ_DEFAULT_LIMIT, BuiltinTool
-from app.conversation.workspace import PathError, Workspace, normalize_dir, normalize_path
+from app.conversation.workspace import (
+    LimitExceeded,
+    PathError,
+    Workspace,
+    check_clash,
+    normalize_dir,
+    normalize_path,
+)
 from app.engine.tools.globs import GlobError, compile_glob
+from app.engine.tools.linear import LinearPattern, PatternError, compile_linear
 from app.engine.tools.validation import check_input
 
 TRUNCATION_MARKER = "\n\n[... {} characters truncated ...]\n\n"
@@ -123,16 +131,10 @@ async def _read(args: dict[str, Any], workspace: Workspace) -> str:
 
 async def _check_writable(workspace: Workspace, path: str) -> bool:
     """Whether the file exists; raises when the path clashes with a directory or file."""
-    paths = set(await workspace.list_paths())
+    paths = await workspace.list_paths()
     if path in paths:
         return True
-    if any(p.startswith(path + "/") for p in paths):
-        raise ToolError(f"{path} is a directory (files lie under it); choose another file name")
-    segments = path.split("/")
-    for depth in range(1, len(segments)):
-        ancestor = "/".join(segments[:depth])
-        if ancestor in paths:
-            raise ToolError(f"{ancestor} is a file, so {path} cannot be created under it")
+    check_clash(path, paths)
     return False
 
 
@@ -164,6 +166,10 @@ async def _edit(args: dict[str, Any], workspace: Workspace) -> str:
     text = await _read_text(workspace, path, "Edit")
     old, new = _match_line_endings(text, old, new)
     count = text.count(old)
+    if count > 1 and args.get("replace_all", False):
+        # the size the file would have, before building it (a replace_all can multiply it)
+        grows = len(new.encode("utf-8", "surrogatepass")) - len(old.encode("utf-8"))
+        workspace.limits.check_file(path, len(text.encode("utf-8")) + count * grows)
     if count == 0:
         raise ToolError(
             f"old_string was not found in {path}. It must match the file exactly, including "
@@ -188,10 +194,14 @@ async def _glob(args: dict[str, Any], workspace: Workspace) -> str:
     directory = "" if pattern.startswith("/") else normalize_dir(args.get("path", ""))
     matcher = compile_glob(pattern)
     files = _under(await workspace.list_paths(), directory)
-    hits = sorted(path for path, rel in files if matcher.fullmatch(rel))
+    hits = await asyncio.to_thread(_glob_hits, matcher, files)
     if not hits:
         return f"No files found matching {pattern!r}" + (f" in {directory}" if directory else "")
     return "\n".join(hits)
+
+
+def _glob_hits(matcher: LinearPattern, files: list[tuple[str, str]]) -> list[str]:
+    return sorted(path for path, rel in files if matcher.fullmatch(rel))
 
 
 async def _grep_files(args: dict[str, Any], workspace: Workspace) -> list[str]:
@@ -209,11 +219,18 @@ async def _grep_files(args: dict[str, Any], workspace: Workspace) -> list[str]:
     return [path for path, rel in files if matcher.fullmatch(rel.rsplit("/", 1)[-1])]
 
 
-def _compile_regex(pattern: str, ignore_case: bool) -> re.Pattern[str]:
+def _compile_regex(pattern: str, ignore_case: bool) -> LinearPattern:
     try:
-        return re.compile(pattern, re.IGNORECASE if ignore_case else 0)
-    except (re.error, OverflowError, RecursionError) as exc:
-        raise ToolError(f"invalid regular expression {pattern!r}: {exc}") from None
+        return compile_linear(pattern, ignore_case=ignore_case)
+    except PatternError as exc:
+        raise ToolError(
+            f"invalid regular expression {pattern!r}: {exc} (the syntax is RE2's: no "
+            "back-references or look-around)"
+        ) from None
+
+
+def _matching_lines(regex: LinearPattern, text: str) -> list[tuple[int, str]]:
+    return [(n, line) for n, line in enumerate(_lines(text), 1) if regex.search(line)]
 
 
 async def _grep(args: dict[str, Any], workspace: Workspace) -> str:
@@ -225,7 +242,8 @@ async def _grep(args: dict[str, Any], workspace: Workspace) -> str:
         text = None if data is None else _decode(data)
         if text is None:  # binary, or gone since it was listed
             continue
-        matches = [(n, line) for n, line in enumerate(_lines(text), 1) if regex.search(line)]
+        # off the event loop: a large file takes a while even in linear time
+        matches = await asyncio.to_thread(_matching_lines, regex, text)
         if not matches:
             continue
         if mode == "content":
@@ -261,7 +279,7 @@ async def run_builtin(name: str, tool_input: dict[str, Any], workspace: Workspac
         return ToolOutcome(f"Invalid input for {name}: {problem}", is_error=True)
     try:
         return ToolOutcome(await HANDLERS[name](args, workspace))
-    except (ToolError, GlobError, PathError) as exc:
+    except (ToolError, GlobError, PathError, LimitExceeded) as exc:
         return ToolOutcome(str(exc), is_error=True)
 
 
