@@ -132,6 +132,7 @@ class StrEnumType(TypeDecorator[E], Generic[E]):
 
 
 AFTER_COMMIT = "after_commit"
+AFTER_ROLLBACK = "after_rollback"
 
 
 def after_commit(db: AsyncSession, callback: Callable[[], None]) -> None:
@@ -140,16 +141,27 @@ def after_commit(db: AsyncSession, callback: Callable[[], None]) -> None:
     db.info.setdefault(AFTER_COMMIT, []).append(callback)
 
 
+def after_rollback(db: AsyncSession, callback: Callable[[], None]) -> None:
+    """Call `callback` if this unit of work rolls back instead (to stop work started
+    early on its behalf)."""
+    db.info.setdefault(AFTER_ROLLBACK, []).append(callback)
+
+
 async def commit(db: AsyncSession) -> None:
     """Commit, then run what waited for the commit."""
     await db.commit()
+    db.info.pop(AFTER_ROLLBACK, None)
     for callback in db.info.pop(AFTER_COMMIT, []):
         callback()
 
 
 async def rollback(db: AsyncSession) -> None:
     db.info.pop(AFTER_COMMIT, None)
-    await db.rollback()
+    try:
+        await db.rollback()
+    finally:
+        for callback in db.info.pop(AFTER_ROLLBACK, []):
+            callback()
 
 
 class Base(DeclarativeBase):

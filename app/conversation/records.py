@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -47,8 +47,8 @@ class MessageRecord:
         return cls(*row[:COLUMN_COUNT])
 
     def values(self) -> dict[str, Any]:
-        """Insert values, keyed by column name."""
-        return asdict(self)
+        """Insert values, keyed by column name (shallow: the content is not copied)."""
+        return {name: getattr(self, name) for name in COLUMNS}
 
     def with_(self, **changes: Any) -> MessageRecord:
         return replace(self, **changes)

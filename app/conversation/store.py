@@ -15,7 +15,20 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import Row, Select, Table, Uuid, bindparam, func, insert, literal, select, update
+from sqlalchemy import (
+    Integer,
+    Row,
+    Select,
+    Table,
+    Update,
+    Uuid,
+    bindparam,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversation.records import COLUMNS, MessageRecord
@@ -112,18 +125,42 @@ async def mark(
 
 
 async def allocate_seq(
-    db: AsyncSession, session_id: uuid.UUID, count: int = 1, **session_values: Any
+    db: AsyncSession,
+    session_id: uuid.UUID,
+    count: int = 1,
+    *,
+    add: dict[str, int] | None = None,
+    **session_values: Any,
 ) -> int:
-    """Reserve `count` sequence numbers (returns the first), setting `session_values` on
-    the session row in the same statement. Locks the session row until commit."""
-    result = await db.execute(
-        update(sessions_t)
-        .where(sessions_t.c.id == session_id)
-        .values(message_seq=sessions_t.c.message_seq + count, **session_values)
-        .returning(sessions_t.c.message_seq)
-    )
-    last = int(result.scalar_one())
+    """Reserve `count` sequence numbers (returns the first), adding `add` to counters of
+    the session row and setting `session_values` on it in the same statement. Locks the
+    session row until commit."""
+    add = add or {}
+    statement = _allocation(tuple(sorted(add)), tuple(sorted(session_values)))
+    params = {
+        "session_id": session_id,
+        "count": count,
+        **{f"add_{name}": value for name, value in add.items()},
+        **{f"set_{name}": value for name, value in session_values.items()},
+    }
+    last = int((await db.execute(statement, params)).scalar_one())
     return last - count + 1
+
+
+@lru_cache(maxsize=16)
+def _allocation(added: tuple[str, ...], set_: tuple[str, ...]) -> Update:
+    """`allocate_seq`'s statement for these counters and columns, built once (it runs
+    with every stored message; building a statement costs more than running it)."""
+    c = sessions_t.c
+    values: dict[str, Any] = {"message_seq": c.message_seq + bindparam("count", type_=Integer)}
+    values.update({name: c[name] + bindparam(f"add_{name}", type_=c[name].type) for name in added})
+    values.update({name: bindparam(f"set_{name}", type_=c[name].type) for name in set_})
+    return (
+        update(sessions_t)
+        .where(c.id == bindparam("session_id", type_=Uuid))
+        .values(values)
+        .returning(c.message_seq)
+    )
 
 
 async def append(
@@ -131,10 +168,13 @@ async def append(
     message: MessageRecord,
     *,
     move_head: bool = True,
+    add: dict[str, int] | None = None,
     session_values: dict[str, Any] | None = None,
 ) -> MessageRecord:
     """Insert one message and (by default) make it the head."""
-    [record] = await append_many(db, [message], move_head=move_head, session_values=session_values)
+    [record] = await append_many(
+        db, [message], move_head=move_head, add=add, session_values=session_values
+    )
     return record
 
 
@@ -143,18 +183,19 @@ async def append_many(
     messages: Sequence[MessageRecord],
     *,
     move_head: bool = True,
+    add: dict[str, int] | None = None,
     session_values: dict[str, Any] | None = None,
 ) -> list[MessageRecord]:
     """Insert messages of one session in order (each names its own parent). One UPDATE
-    of the session row reserves their seqs, moves the head to the last one and applies
-    `session_values` (usage counters, say)."""
+    of the session row reserves their seqs, moves the head to the last one, adds `add`
+    to its counters (usage) and applies `session_values`."""
     if not messages:
         return []
     session_id = messages[0].session_id
     values = dict(session_values or {})
     if move_head:
         values.update(head_uuid=messages[-1].uuid, updated_at=utcnow())
-    first = await allocate_seq(db, session_id, len(messages), **values)
+    first = await allocate_seq(db, session_id, len(messages), add=add, **values)
     records = [message.with_(seq=first + i) for i, message in enumerate(messages)]
     await db.execute(insert(messages_t), [record.values() for record in records])
     return records

@@ -92,6 +92,28 @@ class ChainCache:
             self._put(session_id, chain)
         return records, nodes
 
+    def extend(self, session_id: uuid.UUID, records: list[MessageRecord]) -> None:
+        """Records just stored in a chain below the cached head (a claimed turn, a step
+        of a run): the view at the new head, kept without a walk. Anything else (another
+        branch, a compact boundary) is left to the next walk."""
+        cached = self.entries.get(session_id)
+        if cached is None or not records:
+            return
+        parent = cached.head
+        for record in records:
+            if record.parent_uuid != parent or record.subtype == COMPACT_BOUNDARY:
+                return
+            parent = record.uuid
+        chain = CachedChain(
+            parent,
+            cached.records + records,
+            cached.nodes + [record.to_node() for record in records],
+            cached.size + sum(record_bytes(record) for record in records),
+            cached.marks,
+            cached.marks_version,
+        )
+        self._put(session_id, chain)
+
     def marks_at(self, session_id: uuid.UUID, version: int) -> marks.Marks | None:
         """The session's marks kept at `version`, if that is the version kept (no I/O)."""
         cached = self.entries.get(session_id)
@@ -111,6 +133,16 @@ class ChainCache:
         cached = self.entries.get(session_id)
         if cached is not None:
             cached.marks, cached.marks_version = found, version
+
+    def holds(self, session_id: uuid.UUID, head: uuid.UUID | None, marks_version: int) -> bool:
+        """Whether the view at `head`, marks included, is served from memory (no I/O)."""
+        cached = self.entries.get(session_id)
+        return (
+            cached is not None
+            and cached.head == head
+            and cached.marks is not None
+            and cached.marks_version == marks_version
+        )
 
     def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[MessageRecord] | None:
         """The cached records of that exact view, if any (no I/O)."""

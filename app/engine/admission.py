@@ -20,8 +20,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app import metrics
 from app.conversation import history
 from app.conversation.payloads import result_events
-from app.conversation.records import MessageRecord
-from app.db import after_commit
+from app.db import after_commit, after_rollback
 from app.domain import (
     FINAL_RUN_STATUSES,
     IfBusy,
@@ -58,12 +57,23 @@ class Admission:
         db: AsyncSession,
         run: Run,
         session: AgentSession,
-        claimed: list[MessageRecord] | None = None,
+        claimed: runs.Claimed | None = None,
     ) -> None:
+        """Launch a run this transaction made running once it commits. A claim made here
+        on Postgres launches at once, pending: the model request is prepared and sent
+        while the claim commits, and nothing is sent or written until it has (stopped,
+        upstream request included, if it rolls back)."""
         if self.supervisor.shutting_down.is_set():  # draining: nothing is stored (503)
             raise Unavailable("The server is shutting down; post again to another replica")
-        if run.status == RunStatus.RUNNING:
-            after_commit(db, lambda: self.supervisor.launch(run, session, claimed))
+        if run.status != RunStatus.RUNNING:
+            return
+        supervisor = self.supervisor
+        if claimed is not None and db.get_bind().dialect.name == "postgresql":
+            supervisor.launch(run, session, claimed, pending=True)
+            after_commit(db, lambda: supervisor.confirm(run.id))
+            after_rollback(db, lambda: supervisor.abort(run.id))
+        else:
+            after_commit(db, lambda: supervisor.launch(run, session, claimed))
 
     # --- turns ---------------------------------------------------------------------
 
@@ -153,15 +163,31 @@ class Admission:
         fails on the one-active-run index when it loses."""
         if params.parent_uuid is not None:
             await history.message(db, session.id, params.parent_uuid)
-        if if_busy == IfBusy.INTERRUPT:
-            run = await self._interrupt(db, session, idempotency_key, digest)
-            if run is not None:
+        run = self._new_run(session, kind, params, idempotency_key, digest)
+        if self._may_claim_at_once(db, session, run, if_busy):
+            await self.check_quotas(db, session)
+            await self._check_running(db, session)
+            claimed = await runs.claim_at_once(
+                db,
+                session,
+                run,
+                worker_id=self.resources.worker_id,
+                lease_seconds=self.resources.settings.run_lease_seconds,
+            )
+            if claimed is not None:
+                self._launch_after_commit(db, run, session, claimed)
                 return run
+            # Something changed since the session was read: look, then claim.
+            await db.refresh(session)
+        if if_busy == IfBusy.INTERRUPT:
+            earlier = await self._interrupt(db, session, idempotency_key, digest)
+            if earlier is not None:
+                return earlier
         if idempotency_key is not None or if_busy == IfBusy.ENQUEUE:
             await self.lock_session(db, session)
-        run = await self.find_idempotent(db, session.id, idempotency_key, digest)
-        if run is not None:
-            return run  # a retry gets its run even when the budget is spent since
+        earlier = await self.find_idempotent(db, session.id, idempotency_key, digest)
+        if earlier is not None:
+            return earlier  # a retry gets its run even when the budget is spent since
         if if_busy != IfBusy.INTERRUPT:  # `_interrupt` checked, before it cancelled
             await self.check_quotas(db, session)
         # Look before inserting: a claim that inserted an active run beside one whose last
@@ -171,26 +197,7 @@ class Admission:
             raise runs.conflict_for(active)
         crowded = await running.at_limit(db, self.resources.settings, session.tenant)
         if crowded is not None and if_busy != IfBusy.ENQUEUE:
-            metrics.throttled.labels("running_runs").inc()
-            raise RateLimited(
-                f"The tenant has its limit of {crowded} runs running; retry later or post "
-                "with if_busy=enqueue",
-                retry_after=RUNNING_RETRY_AFTER,
-                extra={"limit": "running_runs"},
-            )
-        run = Run(
-            id=uuid.uuid4(),
-            session_id=session.id,
-            kind=kind,
-            status=RunStatus.QUEUED,
-            params=params,
-            idempotency_key=idempotency_key,
-            request_hash=digest,
-            usage={},
-            state=RunState(),
-            last_event_seq=0,
-            created_at=runs.now(),
-        )
+            raise self._crowded(crowded)
         # An idle session whose queued turns have not started yet (the run before just
         # ended): this one goes behind them, and the oldest starts now.
         waiting = (
@@ -206,16 +213,75 @@ class Admission:
                 after_commit(db, lambda: self.supervisor.start_queued_soon(session.id))
             return run
         resources = self.resources
-        record = await runs.claim(
+        claimed = await runs.claim(
             db,
-            resources.events,
             session,
             run,
             worker_id=resources.worker_id,
             lease_seconds=resources.settings.run_lease_seconds,
         )
-        self._launch_after_commit(db, run, session, [record] if record is not None else [])
+        self._launch_after_commit(db, run, session, claimed)
         return run
+
+    @staticmethod
+    def _new_run(
+        session: AgentSession,
+        kind: RunKind,
+        params: RunParams,
+        idempotency_key: str | None,
+        digest: str,
+    ) -> Run:
+        return Run(
+            id=uuid.uuid4(),
+            session_id=session.id,
+            kind=kind,
+            status=RunStatus.QUEUED,
+            params=params,
+            idempotency_key=idempotency_key,
+            request_hash=digest,
+            usage={},
+            state=RunState(),
+            last_event_seq=0,
+            reserved_seq=0,
+            epoch=0,
+            takeovers=0,
+            created_at=runs.now(),
+        )
+
+    def _may_claim_at_once(
+        self, db: AsyncSession, session: AgentSession, run: Run, if_busy: IfBusy
+    ) -> bool:
+        """Whether the turn may be claimed in one statement (`runs.claim_at_once`), with
+        nothing looked at first: new content after the head, rejected if the session is
+        busy, on Postgres. A keyed post goes this way only when no limit could refuse it
+        (a retry must get its run, not a refusal)."""
+        if (
+            if_busy != IfBusy.REJECT
+            or run.kind != RunKind.TURN
+            or run.params.content is None
+            or run.params.parent_uuid is not None
+            or db.get_bind().dialect.name != "postgresql"
+        ):
+            return False
+        if run.idempotency_key is None:
+            return True
+        limits = self.resources.settings.limits_of(session.tenant)
+        return not (limits.token_budget or limits.running_runs or session.token_budget)
+
+    async def _check_running(self, db: AsyncSession, session: AgentSession) -> None:
+        crowded = await running.at_limit(db, self.resources.settings, session.tenant)
+        if crowded is not None:
+            raise self._crowded(crowded)
+
+    @staticmethod
+    def _crowded(limit: int) -> RateLimited:
+        metrics.throttled.labels("running_runs").inc()
+        return RateLimited(
+            f"The tenant has its limit of {limit} runs running; retry later or post "
+            "with if_busy=enqueue",
+            retry_after=RUNNING_RETRY_AFTER,
+            extra={"limit": "running_runs"},
+        )
 
     @staticmethod
     async def lock_session(db: AsyncSession, session: AgentSession) -> None:

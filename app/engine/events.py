@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, insert, select, text, update
+from sqlalchemy import Table, Update, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
@@ -77,6 +77,8 @@ BATCH_FLUSH = text(
     SELECT id, pg_notify(:channel, id::text || ':' || last_seq::text) FROM fenced
     """
 )
+# Events a run's channel keeps for followers to catch up from memory.
+RECENT_EVENTS = 4096
 TERMINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 PAUSE_EVENT = "run.requires_action"
 
@@ -126,8 +128,16 @@ class RunChannel:
     reserved: int = 0  # ids up to this one may be sent before they are stored
     unwritten: list[StoredEvent] = field(default_factory=list)  # taken, not stored yet
     held: list[StoredEvent] = field(default_factory=list)  # unwritten, beyond `reserved`
+    # What was sent (or stored by the claim), for followers to catch up from: the last
+    # `RECENT_EVENTS` at most.
+    recent: list[StoredEvent] = field(default_factory=list)
     subscribers: set[asyncio.Queue[StoredEvent | None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Set once the claim that made this owner is stored: at once, unless the run was
+    # launched while its claim commits (`open(pending=True)`); until then nothing is
+    # sent or written.
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    claim_reserved: int = 0  # what a pending claim reserved (released by `confirm`)
     reserving: asyncio.Task[None] | None = None
     lost: bool = False
     flush_failing: bool = False  # logged once per outage
@@ -138,8 +148,20 @@ class RunChannel:
         return stored
 
     def publish(self, event: StoredEvent | None) -> None:
+        if event is not None:
+            self.recent.append(event)
+            if len(self.recent) > RECENT_EVENTS:
+                del self.recent[: RECENT_EVENTS // 2]
         for subscriber in self.subscribers:
             subscriber.put_nowait(event)
+
+    def since(self, last: int) -> list[StoredEvent] | None:
+        """The events sent after id `last`, from memory; None when memory does not reach
+        back that far (the table has them)."""
+        recent = self.recent
+        if not recent or recent[0].seq > last + 1:
+            return None
+        return [event for event in recent if event.seq > last]
 
     def release_held(self, upto: int) -> None:
         """Send the held events whose ids are now stored or reserved (in order)."""
@@ -159,9 +181,27 @@ class Step:
         self.run_values: dict[str, Any] = {}  # set on the run row with its last event seq
         # The owner's last step (a pause, the end): ids it reserved but did not use go back.
         self.final = False
+        self.run_written = False  # by `final_update`: the hub writes the run row no more
+        self.webhooks = True  # False when its events are known to have no receiver
 
     def add(self, event: str, data: Any) -> None:
         self.events.append(self.channel.take_seq(event, data))
+
+    def final_update(self, **values: Any) -> Update:
+        """The UPDATE of the run row for the owner's last step (a pause, the end), to be
+        run by the caller and followed by exactly one event, the one reporting it: fenced
+        by the owner's epoch, with the step's `run_values`, that event's id as the last
+        (the ids reserved beyond it go back) and the followers' notification. The step
+        then writes no other UPDATE of the row: the caller's is the fence (no row means
+        the run is no longer this owner's)."""
+        channel = self.channel
+        last = channel.next_seq  # the id of the event reported next
+        self.final = self.run_written = True
+        return self.hub.fenced_update(
+            channel,
+            {**self.run_values, **values, "last_event_seq": last, "reserved_seq": last},
+            last,
+        )
 
 
 class EventHub:
@@ -183,16 +223,55 @@ class EventHub:
 
     # --- writing -------------------------------------------------------------------
 
-    def open(self, run_id: uuid.UUID, last_seq: int, epoch: int = 0) -> RunChannel:
+    def open(
+        self,
+        run_id: uuid.UUID,
+        last_seq: int,
+        epoch: int = 0,
+        *,
+        reserved: int | None = None,
+        history: list[StoredEvent] | None = None,
+        pending: bool = False,
+    ) -> RunChannel:
         """Start (or resume) the live channel of a run that executes here, owned with
-        `epoch`; its ids start after `last_seq` (the last id stored or reserved)."""
+        `epoch`; its ids start after `last_seq` (the last id stored or reserved by an
+        owner before). A claim made here passes the ids it reserved for this owner
+        (`reserved`) and the events it stored (`history`, kept for followers); while
+        that claim is still committing (`pending`), the channel holds every event and
+        write until `confirm` (or `abort`)."""
         channel = self.channels.get(run_id)
         if channel is None:
+            reserved = max(last_seq, reserved or 0)
             channel = self.channels[run_id] = RunChannel(
-                run_id=run_id, next_seq=last_seq + 1, epoch=epoch, reserved=last_seq
+                run_id=run_id,
+                next_seq=last_seq + 1,
+                epoch=epoch,
+                reserved=last_seq if pending else reserved,
+                claim_reserved=reserved,
+                recent=list(history or ()),
             )
-            self.wake(run_id)  # followers polling the table can switch to the channel
+            if not pending:
+                channel.ready.set()
+                self.wake(run_id)  # followers polling the table can switch to the channel
         return channel
+
+    def confirm(self, run_id: uuid.UUID) -> None:
+        """The pending claim of a run executing here is committed: send what it held."""
+        channel = self.channels.get(run_id)
+        if channel is None or channel.ready.is_set():
+            return
+        channel.ready.set()
+        channel.release_held(channel.claim_reserved)
+        self.wake(run_id)
+
+    def abort(self, run_id: uuid.UUID) -> None:
+        """The pending claim of a run executing here rolled back: the run does not
+        exist, nothing of it may be written (its task is stopped by the caller)."""
+        channel = self.channels.pop(run_id, None)
+        if channel is not None:
+            channel.lost = True
+            channel.ready.set()
+            channel.publish(None)
 
     async def close(self, run_id: uuid.UUID) -> None:
         """Write what is left and end the channel (followers go on from the table)."""
@@ -201,7 +280,7 @@ class EventHub:
             return
         if channel.reserving is not None:
             channel.reserving.cancel()
-        if not channel.lost:
+        if not channel.lost and channel.ready.is_set():
             await self._flush(channel)
         self.channels.pop(run_id, None)
         channel.publish(None)
@@ -216,7 +295,11 @@ class EventHub:
             channel.publish(stored)
         else:
             channel.held.append(stored)
-        if channel.reserved - stored.seq < RESERVE_BLOCK // 2 and channel.reserving is None:
+        if (
+            channel.reserved - stored.seq < RESERVE_BLOCK // 2
+            and channel.reserving is None
+            and channel.ready.is_set()  # a pending claim's block is released on `confirm`
+        ):
             channel.reserving = asyncio.create_task(self._reserve_ahead(channel))
         self._dirty[run_id] = channel
         self._arm_flush()
@@ -224,7 +307,7 @@ class EventHub:
     async def reserve(self, run_id: uuid.UUID, **run_values: Any) -> None:
         """Reserve the next block of ids in the run row (with `run_values`) before they
         are sent: a later owner starts after it."""
-        channel = self.channels[run_id]
+        channel = await self.ready(run_id)
         async with channel.lock, self.db.transaction() as db:
             target = max(channel.reserved, channel.next_seq - 1) + RESERVE_BLOCK
             await self._fence(db, channel, {**run_values, "reserved_seq": target})
@@ -248,7 +331,7 @@ class EventHub:
     @contextlib.asynccontextmanager
     async def step(self, run_id: uuid.UUID) -> AsyncIterator[Step]:
         """A transaction for one finished step and the events that report it."""
-        channel = self.channels[run_id]
+        channel = await self.ready(run_id)
         async with channel.lock, self.db.sessionmaker() as db:
             step = Step(self, channel, db)
             try:
@@ -257,7 +340,13 @@ class EventHub:
                 values = dict(step.run_values)
                 if step.final and written:
                     values["reserved_seq"] = written[-1].seq
-                await self._write(db, channel, written, values)
+                await self._write(
+                    db,
+                    channel,
+                    written,
+                    None if step.run_written else values,
+                    webhooks=step.webhooks,
+                )
                 await db.commit()
             except BaseException as exc:
                 await db.rollback()
@@ -272,6 +361,14 @@ class EventHub:
                 channel.release_held(written[-1].seq)
         for event in step.events:
             channel.publish(event)
+
+    async def ready(self, run_id: uuid.UUID) -> RunChannel:
+        """The run's channel once its claim is stored; `LostOwnership` if it was not."""
+        channel = self.channels[run_id]
+        await channel.ready.wait()
+        if channel.lost:
+            raise LostOwnership(f"run {run_id} was not claimed")
+        return channel
 
     async def hand_over(self, run_id: uuid.UUID) -> None:
         """Store what is left, release the run's lease (its ids up to the last one
@@ -318,7 +415,7 @@ class EventHub:
         for run_id, channel in dirty.items():
             if channel.lost or not channel.unwritten or self.channels.get(run_id) is not channel:
                 continue
-            if channel.lock.locked():
+            if channel.lock.locked() or not channel.ready.is_set():
                 self._dirty[run_id] = channel
                 continue
             await channel.lock.acquire()  # free: taken at once, no suspension
@@ -400,7 +497,7 @@ class EventHub:
                 return
             try:
                 async with self.db.transaction() as db:
-                    await self._write(db, channel, batch)
+                    await self._write(db, channel, batch, {})
             except LostOwnership:
                 self._lose(channel)
                 return
@@ -420,30 +517,56 @@ class EventHub:
         db: AsyncSession,
         channel: RunChannel,
         events: list[StoredEvent],
-        run_values: dict[str, Any] | None = None,
+        run_values: dict[str, Any] | None,
+        *,
+        webhooks: bool = True,
     ) -> None:
-        values = dict(run_values or {})
+        """Store `events` (with their webhook deliveries, unless `webhooks` is False: none
+        has a receiver) and set `run_values` (None: the step's own `final_update` did)
+        with the last event's id on the run row, fenced, telling followers elsewhere."""
         if events:
             await db.execute(insert(run_events_t), event_rows(channel.run_id, events))
-            values["last_event_seq"] = events[-1].seq
-            await outbox.enqueue(db, channel.run_id, ((e.event, e.data) for e in events))
-        await self._fence(db, channel, values)
-        if events:
-            await self.notify(db, channel.run_id, events[-1].seq)
+            if webhooks:
+                await outbox.enqueue(db, channel.run_id, ((e.event, e.data) for e in events))
+        if run_values is None:
+            return
+        values = dict(run_values)
+        last = events[-1].seq if events else None
+        if last is not None:
+            values["last_event_seq"] = last
+        await self._fence(db, channel, values, last)
 
     async def fenced(self, db: AsyncSession, run_id: uuid.UUID, values: dict[str, Any]) -> None:
         """Set `values` on a run executing here in the caller's transaction, fenced."""
         await self._fence(db, self.channels[run_id], values)
 
-    async def _fence(self, db: AsyncSession, channel: RunChannel, values: dict[str, Any]) -> None:
+    def fenced_update(
+        self, channel: RunChannel, values: dict[str, Any], notify_seq: int | None = None
+    ) -> Update:
         """Set `values` on the run row while the channel's epoch still owns it (the row
-        lock orders this against a take-over); `LostOwnership` otherwise."""
-        result = await db.execute(
+        lock orders this against a take-over), returning its id; with `notify_seq`, also
+        tell followers in other processes that events up to it are stored (Postgres: a
+        NOTIFY, sent when the transaction commits)."""
+        columns: list[Any] = [runs_t.c.id]
+        if notify_seq is not None and not self.db.is_sqlite:
+            payload = f"{channel.run_id}:{notify_seq}"
+            columns.append(func.pg_notify(NOTIFY_CHANNEL, payload))
+        return (
             update(runs_t)
             .where(runs_t.c.id == channel.run_id, runs_t.c.epoch == channel.epoch)
             .values(**(values or {"epoch": runs_t.c.epoch}))
-            .returning(runs_t.c.id)
+            .returning(*columns)
         )
+
+    async def _fence(
+        self,
+        db: AsyncSession,
+        channel: RunChannel,
+        values: dict[str, Any],
+        notify_seq: int | None = None,
+    ) -> None:
+        """`fenced_update`, run; `LostOwnership` when the run is no longer this owner's."""
+        result = await db.execute(self.fenced_update(channel, values, notify_seq))
         if result.first() is None:
             raise LostOwnership(f"run {channel.run_id} has another owner")
 
@@ -505,14 +628,20 @@ class EventHub:
                 # Catch up: subscribe first, then the table, then what the channel has
                 # published but not stored (taken with no await after subscribing).
                 channel = self.channels.get(run_id)
-                unwritten: list[StoredEvent] = []
+                caught_up: list[StoredEvent] | None = None
                 if channel is not None:
                     if channel is not subscribed:
                         channel.subscribers.add(inbox)
                         subscribed = channel
-                    unwritten = list(channel.unwritten)
+                    # A pending claim's events are not sent before it is stored.
+                    caught_up = channel.since(last) if channel.ready.is_set() else None
+                    if caught_up is None:
+                        unwritten = list(channel.unwritten)  # before the table is read
+                        caught_up = [*await self.stored(run_id, last), *unwritten]
+                else:
+                    caught_up = await self.stored(run_id, last)
                 # Ids grow; a jump in the table is a lost range (never stored, never reused).
-                for event in [*await self.stored(run_id, last), *unwritten]:
+                for event in caught_up:
                     if event.seq <= last:
                         continue
                     last = event.seq

@@ -35,10 +35,13 @@ class RunStep:
     stored: list[MessageRecord] = field(default_factory=list)  # the messages it appended
 
     async def append(
-        self, *messages: MessageRecord, session_values: dict[str, Any] | None = None
+        self,
+        *messages: MessageRecord,
+        add: dict[str, int] | None = None,
+        session_values: dict[str, Any] | None = None,
     ) -> list[MessageRecord]:
         """Store messages (each naming its parent); the last becomes the head."""
-        records = await store.append_many(self.db, messages, session_values=session_values)
+        records = await store.append_many(self.db, messages, add=add, session_values=session_values)
         self.head = records[-1].uuid
         self.stored += records
         return records
@@ -79,4 +82,4 @@ class RunHandle(Protocol):
 
     async def emit(self, event: str, data: Any) -> None: ...
 
-    async def finish(self, status: RunStatus, error: dict[str, Any] | None = None) -> bool: ...
+    async def finish(self, status: RunStatus, error: dict[str, Any] | None = None) -> None: ...

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Row, Table, exists, update
+from sqlalchemy import Row, Table, bindparam, exists
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
@@ -38,7 +38,6 @@ from app.context.types import Block, Node
 from app.conversation import sessions, store
 from app.conversation.payloads import message_payload, result_events, run_json
 from app.conversation.records import MessageRecord, new_message
-from app.conversation.store import sessions_t
 from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
 from app.engine import refusal, runs
@@ -52,6 +51,7 @@ from app.engine.model_call import Partial, ReplyStream
 from app.engine.quotas import budgets
 from app.engine.resources import Resources
 from app.engine.tool_calls import plan_round, run_builtins
+from app.engine.webhooks import outbox
 from app.errors import RunFailed
 from app.models import AgentSession, Run
 
@@ -65,6 +65,16 @@ LOST = "lost"  # another process owns the run now: stop without a write
 DISCARDED_ON_RESUME = "The process streaming this message stopped; the reply is generated again"
 
 runs_t = cast(Table, Run.__table__)
+
+# Whether a queued turn waits for the session (built once: an alias costs a proxy per
+# column).
+_queued = runs_t.alias("queued")
+QUEUED_NEXT = (
+    exists()
+    .where(_queued.c.session_id == bindparam("queued_session"))
+    .where(_queued.c.status == RunStatus.QUEUED)
+    .label("queued_next")
+)
 
 CONTINUE_TEXT = (
     "Output token limit hit. Resume directly from where you stopped, with no apology and "
@@ -89,7 +99,7 @@ class TurnRunner:
         resources: Resources,
         run: Run,
         session: AgentSession,
-        claimed: list[MessageRecord] | None = None,
+        claimed: runs.Claimed | None = None,
     ) -> None:
         self.resources = resources
         self.settings = resources.settings
@@ -104,7 +114,12 @@ class TurnRunner:
         self._fresh_session = True
         # What a wait-mode answer reports, kept when the run was claimed here (its user
         # message is known): the messages stored so far and the run row it settled with.
-        self._known: list[MessageRecord] | None = None if claimed is None else list(claimed)
+        self._known: list[MessageRecord] | None = None
+        self.claimed_here = claimed is not None
+        if claimed is not None:
+            self._known = [] if claimed.record is None else [claimed.record]
+            # Committed with the claim: the first view needs no walk.
+            resources.views.extend(session.id, self._known)
         self.settled: Row[Any] | None = None
         self._settling: Row[Any] | None = None  # becomes `settled` when its step commits
         # The figure of the view whose last message is `_estimated_head` (a reply of this
@@ -113,6 +128,9 @@ class TurnRunner:
         self._estimate = 0
         self.pending_results: dict[str, ToolResult] = {}
         self.queued_next = True  # until `finish` has looked
+        # Left to another process (handed over, taken over, or to its lease): what
+        # follows a run (a queued turn, the collapse check) is not this one's to do.
+        self.left = False
         self.resumed = bool(run.takeovers)  # taken over from a process that stopped
         self.reply = ReplyStream(
             resources.llm,
@@ -121,6 +139,8 @@ class TurnRunner:
             resources.retry,
             self._count_call,
             self.durably,
+            # The claim made here reserved the first reply's uuid with its ids.
+            reserved_uuid=run.streaming_uuid if claimed is not None else None,
         )
 
     # --- what compaction sees (RunHandle) -------------------------------------------
@@ -144,6 +164,7 @@ class TurnRunner:
             step = RunStep(log_step.db, log_step, self._head)
             yield step
         self._head = step.head  # committed: the run goes on from there
+        self.resources.views.extend(self._session.id, step.stored)
         if self._known is not None:
             self._known += step.stored
         if self._settling is not None:
@@ -272,6 +293,10 @@ class TurnRunner:
         patched during a run) and the view the next request is built from."""
         if self._fresh_session:
             self._fresh_session = False
+            held = self._session
+            if not self.resources.views.holds(held.id, self._head, held.marks_version):
+                # The view is read from the database: wait until the claim is stored.
+                await self.resources.events.ready(self.run_id)
         else:
             async with self.resources.db.sessionmaker() as db:
                 session = await db.get(AgentSession, self._session.id)
@@ -312,7 +337,7 @@ class TurnRunner:
         usage = {key: int(value) for key, value in done.usage.items() if isinstance(value, int)}
         for key, value in usage.items():
             self.run_usage[key] = self.run_usage.get(key, 0) + value
-        counters = {name: sessions_t.c[name] + usage.get(name, 0) for name in USAGE_COUNTERS}
+        counters = {name: usage.get(name, 0) for name in USAGE_COUNTERS}
         reply = self._message(
             done.content,
             uuid_=msg_uuid,
@@ -327,21 +352,16 @@ class TurnRunner:
         async def stored() -> None:
             async with self.step() as step:
                 [record] = await step.append(
-                    reply, session_values={**counters, "last_request_at": runs.now()}
+                    reply, add=counters, session_values={"last_request_at": runs.now()}
                 )
                 await budgets.record(step.db, self._session.tenant, self._session.id, usage)
                 step.run_values.update(usage=self.run_usage, state=self.state, streaming_uuid=None)
                 step.report("message.completed", message_payload(record))
                 if finish:
-                    ended.append(
-                        await self._end_in(
-                            step, RunStatus.COMPLETED, None, None, usage=self.run_usage
-                        )
-                    )
+                    await self._end_in(step, RunStatus.COMPLETED, None, None)
 
-        ended: list[bool] = []
         await self.durably(stored)
-        if ended and ended[-1]:
+        if finish:
             metrics.runs_total.labels(self.kind, RunStatus.COMPLETED).inc()
         measured_input = usage_input(usage)
         if measured_input > 0:
@@ -416,9 +436,8 @@ class TurnRunner:
 
         async def stored() -> None:
             async with self.step() as step:
-                step.log.final = True
-                run = await self.update_run(
-                    step.db,
+                run = await self._settle_in(
+                    step,
                     status=RunStatus.REQUIRES_ACTION,
                     required_action=required,
                     state=self.state,
@@ -426,24 +445,31 @@ class TurnRunner:
                     worker_id=None,
                     streaming_uuid=None,
                 )
-                if run is None:
-                    raise LostOwnership(f"run {self.run_id} was ended elsewhere")
                 step.report("run.requires_action", run_json(run))
-                self._settling = run
 
         await self.durably(stored)
         self.pending_results = {}
 
-    async def update_run(self, db: AsyncSession, **values: Any) -> Row[Any] | None:
-        """Set `values` on this run while it is still running; its row, or None when it
-        was finished elsewhere meanwhile."""
-        result = await db.execute(
-            update(runs_t)
-            .where(runs_t.c.id == self.run_id, runs_t.c.status == RunStatus.RUNNING)
-            .values(**values)
-            .returning(*runs_t.c)
+    async def _settle_in(self, step: RunStep, **values: Any) -> Row[Any]:
+        """In the run's last step here (a pause, the end): set `values` on the run row
+        while it is running and this owner's, learning with it whether a queued turn
+        waits for the session (it starts right after) and whether the tenant has
+        webhook endpoints (else the step writes no deliveries). The row as it settles;
+        the caller reports it next. `LostOwnership` when the run was ended or taken
+        elsewhere."""
+        result = await step.db.execute(
+            step.log.final_update(**values)
+            .where(runs_t.c.status == RunStatus.RUNNING)
+            .returning(*runs_t.c, QUEUED_NEXT, outbox.HAS_ENDPOINTS),
+            {"queued_session": self._session.id, "tenant": self._session.tenant},
         )
-        return result.first()
+        run = result.first()
+        if run is None:
+            raise LostOwnership(f"run {self.run_id} was ended or taken elsewhere")
+        step.log.webhooks = bool(run.has_endpoints or self.params.webhook_url)
+        self.queued_next = bool(run.queued_next)
+        self._settling = run
+        return run
 
     # --- ending --------------------------------------------------------------------
 
@@ -453,22 +479,20 @@ class TurnRunner:
         error: dict[str, Any] | None = None,
         *,
         also: Callable[[RunStep], Awaitable[None]] | None = None,
-    ) -> bool:
-        """Mark the run finished (unless someone else already did) and report it; `also`
-        writes more in the same step (a refused turn's rewind)."""
-        return await self.durably(lambda: self._finish(status, error, also))
+    ) -> None:
+        """Mark the run finished and report it; `also` writes more in the same step (a
+        refused turn's rewind). `LostOwnership` when someone else ended it."""
+        await self.durably(lambda: self._finish(status, error, also))
 
     async def _finish(
         self,
         status: RunStatus,
         error: dict[str, Any] | None,
         also: Callable[[RunStep], Awaitable[None]] | None,
-    ) -> bool:
+    ) -> None:
         async with self.step() as step:
-            ended = await self._end_in(step, status, error, also)
-        if ended:
-            metrics.runs_total.labels(self.kind, status).inc()
-        return ended
+            await self._end_in(step, status, error, also)
+        metrics.runs_total.labels(self.kind, status).inc()
 
     async def _end_in(
         self,
@@ -476,42 +500,24 @@ class TurnRunner:
         status: RunStatus,
         error: dict[str, Any] | None,
         also: Callable[[RunStep], Awaitable[None]] | None,
-        **values: Any,
-    ) -> bool:
-        """In `step`: mark the run finished (unless someone else already did), with
-        `values`, and report it; whether it was this step that ended it."""
-        step.log.final = True
-        # Also whether a queued turn waits for this session (it starts right after).
-        queued = runs_t.alias("queued")
-        waiting = exists().where(
-            queued.c.session_id == self._session.id, queued.c.status == RunStatus.QUEUED
-        )
-        result = await step.db.execute(
-            update(runs_t)
-            .where(runs_t.c.id == self.run_id, runs_t.c.status == RunStatus.RUNNING)
-            .values(
-                **values,
-                status=status,
-                error=error,
-                finished_at=runs.now(),
-                lease_expires_at=None,
-                required_action=None,
-                state=self.state,
-                streaming_uuid=None,
-                cancel_requested_at=None,
-            )
-            .returning(*runs_t.c, waiting.label("queued_next"))
-        )
-        run = result.first()
-        if run is None:
-            return False
-        self.queued_next = bool(run.queued_next)
-        self._settling = run
+    ) -> None:
+        """In `step`: mark the run finished and report it (`also` first writes more in
+        the step)."""
         if also is not None:
             await also(step)
             self._known = None  # it may change stored messages (a refused turn's rewind)
+        run = await self._settle_in(
+            step,
+            status=status,
+            error=error,
+            finished_at=runs.now(),
+            lease_expires_at=None,
+            required_action=None,
+            state=self.state,
+            streaming_uuid=None,
+            cancel_requested_at=None,
+        )
         step.report(f"run.{status}", run_json(run))
-        return True
 
     async def stop_cancelled(self) -> None:
         """A client's cancel (on this or another replica): keep what was produced, answer
@@ -561,12 +567,12 @@ async def execute(
     cancel_reason: Callable[[uuid.UUID], str | None],
     run: Run | None = None,
     session: AgentSession | None = None,
-    claimed: list[MessageRecord] | None = None,
+    claimed: runs.Claimed | None = None,
 ) -> TurnRunner | None:
     """Run (or resume) one run to its end or its next pause; the runner, for what it
     learnt (its session, whether a queued turn waits, its outcome). `run` and `session`
-    are the claim's copies when the claim happened in this process, `claimed` the
-    messages the claim stored."""
+    are the claim's copies when the claim happened in this process, `claimed` what the
+    claim stored."""
     if run is None or session is None:
         async with resources.db.sessionmaker() as db:
             run = await db.get(Run, run_id)
@@ -574,22 +580,40 @@ async def execute(
     if run is None or session is None or run.status != RunStatus.RUNNING:
         return None
     runner = TurnRunner(resources, run, session, claimed)
-    # Ids go on after the last one stored or reserved by any owner before.
-    resources.events.open(run_id, max(run.last_event_seq, run.reserved_seq), run.epoch)
+    open_channel(resources, run, claimed)
     try:
         await _drive(runner, run, cancel_reason)
     except LostOwnership:
-        log.info("run %s has another owner now; stopped here", run_id)
-        runner.queued_next = False
+        log.info("run %s has another owner now (or none: its claim rolled back)", run_id)
+        runner.left = True
     except Exception as exc:
         if not is_transient(exc):
             raise
         # Its lease runs out and a process that reaches the database resumes it.
         log.warning("run %s: database unavailable too long; left to its lease", run_id)
-        runner.queued_next = False
+        runner.left = True
     finally:
         await resources.events.close(run_id)
     return runner
+
+
+def open_channel(
+    resources: Resources, run: Run, claimed: runs.Claimed | None, *, pending: bool = False
+) -> None:
+    """The run's live channel here. A claim made here reserved this owner's ids right
+    after its events (kept for followers); otherwise ids go on after the last one stored
+    or reserved by any owner before."""
+    if claimed is not None:
+        resources.events.open(
+            run.id,
+            run.last_event_seq,
+            run.epoch,
+            reserved=run.reserved_seq,
+            history=claimed.events,
+            pending=pending,
+        )
+    else:
+        resources.events.open(run.id, max(run.last_event_seq, run.reserved_seq), run.epoch)
 
 
 async def _drive(
@@ -599,7 +623,8 @@ async def _drive(
     run_id = runner.run_id
     try:
         streaming = run.streaming_uuid
-        if streaming is not None:  # the owner before stopped mid-message
+        # The owner before stopped mid-message (a claim made here only reserved the uuid).
+        if streaming is not None and not runner.claimed_here:
             await runner.durably(lambda: runner.emit_discarded(streaming))
         if run.cancel_requested_at is not None:
             await runner.stop_cancelled()
@@ -615,7 +640,7 @@ async def _drive(
         reason = cancel_reason(run_id)
         if reason == HANDOVER:
             await resources.events.hand_over(run_id)
-            runner.queued_next = False
+            runner.left = True
         elif reason == LOST:
             raise LostOwnership(f"run {run_id} has another owner") from None
         else:

@@ -64,6 +64,8 @@ class ReplyStream:
         retry: RetryPolicy,
         on_attempt: Callable[[], None],
         durably: Callable[[Callable[[], Awaitable[None]]], Awaitable[None]] | None = None,
+        *,
+        reserved_uuid: uuid.UUID | None = None,
     ) -> None:
         self.llm = llm
         self.events = events
@@ -73,13 +75,20 @@ class ReplyStream:
         # How its writes ride out a database outage (the run's retry policy).
         self.durably = durably or (lambda work: work())
         self.partial: Partial | None = None
+        self._reserved_uuid = reserved_uuid  # the first call's, reserved by the claim
 
     async def call(self, body: dict[str, Any]) -> tuple[uuid.UUID, MessageDone]:
         """One whole response (retried on transient faults) and the uuid it is stored as."""
-        partial = self.partial = Partial(uuid.uuid4())
         # Ids are reserved before any delta is sent, with the message they belong to: if
         # this process stops, the next owner announces it as discarded.
-        await self.durably(lambda: self.events.reserve(self.run_id, streaming_uuid=partial.uuid))
+        if self._reserved_uuid is not None:
+            partial = self.partial = Partial(self._reserved_uuid)
+            self._reserved_uuid = None
+        else:
+            partial = self.partial = Partial(uuid.uuid4())
+            await self.durably(
+                lambda: self.events.reserve(self.run_id, streaming_uuid=partial.uuid)
+            )
         done = await stream_with_retries(
             self.llm,
             body,

@@ -11,10 +11,11 @@ process that owned it before (events.LostOwnership).
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, insert, or_, select
+from sqlalchemy import Table, and_, func, insert, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -23,8 +24,8 @@ from app.context.blocks import as_blocks
 from app.conversation import store
 from app.conversation.payloads import message_payload, run_json
 from app.conversation.records import MessageRecord, new_message
-from app.domain import ACTIVE_RUN_STATUSES, RunStatus, ToolResult
-from app.engine.events import EventHub, StoredEvent, dumps, event_rows
+from app.domain import ACTIVE_RUN_STATUSES, RunKind, RunStatus, ToolResult
+from app.engine.events import RESERVE_BLOCK, EventHub, StoredEvent, dumps, event_rows
 from app.engine.webhooks import outbox
 from app.errors import Conflict, NotFound
 from app.models import AgentSession, Run, RunEvent
@@ -182,59 +183,204 @@ async def answer_open_tool_uses(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """What a claim stored: the user's message (if the run has one) and the events that
+    report the claim."""
+
+    record: MessageRecord | None
+    events: list[StoredEvent]
+
+
 async def claim(
     db: AsyncSession,
-    hub: EventHub,
     session: AgentSession,
     run: Run,
     *,
     worker_id: str,
     lease_seconds: float,
-) -> MessageRecord | None:
+) -> Claimed:
     """Make `run` the session's active run, store its user message and report both
-    (`run.started`, `message.completed`) in the same transaction; the message stored,
-    if any. A conflict rolls the whole transaction back: nothing of the turn is stored."""
+    (`run.started`, `message.completed`) in the same transaction. A conflict rolls the
+    whole transaction back: nothing of the turn is stored."""
     content = run.params.content
     parent_uuid = run.params.parent_uuid or session.head_uuid
-    head = parent_uuid
     record = None
     if content is not None:
-        record = await store.append(
-            db,
-            new_message(
-                session_id=session.id,
-                parent_uuid=parent_uuid,
-                type="user",
-                role="user",
-                content=as_blocks(content),
-                run_id=run.id,
-            ),
-        )
-        head = record.uuid
-        run.user_message_uuid = head
+        record = await store.append(db, _user_message(session, run, parent_uuid))
     else:  # a regeneration or a compaction: the run starts from the given node
         await store.set_head(db, session.id, parent_uuid)
-    set_committed_value(session, "head_uuid", head)
-    run.status = RunStatus.RUNNING
-    run.started_at = now()
-    own(run, worker_id=worker_id, lease_seconds=lease_seconds)
+    claimed = _start(session, run, record, parent_uuid, worker_id, lease_seconds)
     db.add(run)
     try:
         await db.flush()
     except IntegrityError:
-        session_id = run.session_id  # read before the rollback expires the objects
-        await db.rollback()
-        holder = await active(db, session_id)
-        if holder is not None:
-            raise conflict_for(holder) from None
+        await _lost_race(db, session.id)
         raise
-    events: list[tuple[str, Any]] = [("run.started", run_json(run))]
-    if record is not None:
-        events.append(("message.completed", message_payload(record)))
     # No notification: until this commits nobody can know the run is running.
-    await append_events(db, hub, run, events, after=run.last_event_seq, notify=False)
-    await db.flush()
-    return record
+    await db.execute(insert(run_events_t), event_rows(run.id, claimed.events))
+    await outbox.enqueue(db, run.id, ((e.event, e.data) for e in claimed.events))
+    return claimed
+
+
+async def claim_at_once(
+    db: AsyncSession,
+    session: AgentSession,
+    run: Run,
+    *,
+    worker_id: str,
+    lease_seconds: float,
+) -> Claimed | None:
+    """`claim` of a new turn as one statement (Postgres), guarded on the session as it
+    was read (`session`: its head and message count) with no active run and no run of
+    the turn's idempotency key. None when the guard fails (something changed since the
+    read, another run is active, a retry): nothing is written, and the caller takes the
+    careful path (`claim`, after looking)."""
+    assert run.params.content is not None
+    assert run.params.parent_uuid is None
+    seen_head, seen_seq, epoch = session.head_uuid, session.message_seq, run.epoch
+    record = _user_message(session, run, seen_head).with_(seq=seen_seq + 1)
+    claimed = _start(session, run, record, seen_head, worker_id, lease_seconds)
+    params = {
+        "session_id": session.id,
+        "seen_head": seen_head,
+        "seen_seq": seen_seq,
+        "key": run.idempotency_key,
+        "now": record.created_at,
+        "m_uuid": record.uuid,
+        "m_seq": record.seq,
+        "m_content": dumps(record.content),
+        "m_tokens": record.token_estimate,
+        "run_id": run.id,
+        "kind": run.kind.value,
+        "status": run.status.value,
+        "params": dumps(run.params.model_dump(mode="json", exclude_defaults=True)),
+        "state": dumps(run.state.model_dump(mode="json", exclude_defaults=True)),
+        "hash": run.request_hash,
+        "last_seq": run.last_event_seq,
+        "worker_id": run.worker_id,
+        "lease": run.lease_expires_at,
+        "epoch": run.epoch,
+        "reserved": run.reserved_seq,
+        "streaming": run.streaming_uuid,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "e_seqs": [e.seq for e in claimed.events],
+        "e_names": [e.event for e in claimed.events],
+        "e_data": [e.data for e in claimed.events],
+    }
+    try:
+        found = (await db.execute(CLAIM_AT_ONCE, params)).first()
+    except IntegrityError:  # an active run the statement's snapshot could not see yet
+        await _lost_race(db, session.id)
+        raise
+    if found is None:
+        set_committed_value(session, "head_uuid", seen_head)
+        run.status, run.epoch, run.started_at = RunStatus.QUEUED, epoch, None
+        return None
+    set_committed_value(session, "message_seq", record.seq)
+    return claimed
+
+
+# `claim_at_once`: the session row moves to the new message only while it is as it was
+# read, with no active run and no run of the key; the message, the run and its first
+# events are inserted only when it did (FROM claimed).
+CLAIM_AT_ONCE = text(
+    """
+    WITH claimed AS (
+        UPDATE agent_sessions
+        SET message_seq = message_seq + 1, head_uuid = :m_uuid, updated_at = :now
+        WHERE id = :session_id
+          AND message_seq = :seen_seq
+          AND head_uuid IS NOT DISTINCT FROM CAST(:seen_head AS uuid)
+          AND NOT EXISTS (
+              SELECT 1 FROM runs
+              WHERE session_id = :session_id AND status IN ('running', 'requires_action')
+          )
+          AND NOT EXISTS (
+              SELECT 1 FROM runs
+              WHERE session_id = :session_id AND idempotency_key = CAST(:key AS varchar)
+          )
+        RETURNING id
+    ), message AS (
+        INSERT INTO messages (
+            uuid, session_id, seq, parent_uuid, type, role, content, is_meta,
+            token_estimate, run_id, created_at
+        )
+        SELECT :m_uuid, id, :m_seq, :seen_head, 'user', 'user', CAST(:m_content AS jsonb),
+               false, :m_tokens, :run_id, :now
+        FROM claimed
+    ), new_run AS (
+        INSERT INTO runs (
+            id, session_id, kind, status, user_message_uuid, usage, params, state,
+            idempotency_key, request_hash, last_event_seq, worker_id, lease_expires_at,
+            epoch, reserved_seq, takeovers, streaming_uuid, created_at, started_at
+        )
+        SELECT :run_id, id, :kind, :status, :m_uuid, '{}', CAST(:params AS jsonb),
+               CAST(:state AS jsonb), :key, :hash, :last_seq, :worker_id, :lease, :epoch,
+               :reserved, 0, :streaming, :created_at, :started_at
+        FROM claimed
+    ), events AS (
+        INSERT INTO run_events (run_id, seq, event, data, created_at)
+        SELECT :run_id, e.seq, e.event, e.data, :now
+        FROM claimed, unnest(
+            CAST(:e_seqs AS bigint[]), CAST(:e_names AS text[]), CAST(:e_data AS text[])
+        ) AS e(seq, event, data)
+    )
+    SELECT id FROM claimed
+    """
+)
+
+
+async def _lost_race(db: AsyncSession, session_id: uuid.UUID) -> None:
+    """After a claim failed on a unique index: roll the whole transaction back (nothing
+    of the turn is stored) and raise the 409 for the run that won, if it is active."""
+    await db.rollback()
+    holder = await active(db, session_id)
+    if holder is not None:
+        raise conflict_for(holder) from None
+
+
+def _user_message(session: AgentSession, run: Run, parent: uuid.UUID | None) -> MessageRecord:
+    assert run.params.content is not None
+    return new_message(
+        session_id=session.id,
+        parent_uuid=parent,
+        type="user",
+        role="user",
+        content=as_blocks(run.params.content),
+        run_id=run.id,
+    )
+
+
+def _start(
+    session: AgentSession,
+    run: Run,
+    record: MessageRecord | None,
+    parent: uuid.UUID | None,
+    worker_id: str,
+    lease_seconds: float,
+) -> Claimed:
+    """Set the run running under this owner from the claim on (in memory), and the
+    events that report the claim."""
+    head = record.uuid if record is not None else parent
+    set_committed_value(session, "head_uuid", head)
+    run.user_message_uuid = record.uuid if record is not None else None
+    run.status = RunStatus.RUNNING
+    run.started_at = now()
+    own(run, worker_id=worker_id, lease_seconds=lease_seconds)
+    items: list[tuple[str, Any]] = [("run.started", run_json(run))]
+    if record is not None:
+        items.append(("message.completed", message_payload(record)))
+    after = max(run.last_event_seq, run.reserved_seq or 0)
+    batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
+    run.last_event_seq = batch[-1].seq
+    # The owner's first block of ids, and the uuid its first reply streams under, are
+    # reserved with the claim: the model is called without another write first.
+    run.reserved_seq = batch[-1].seq + RESERVE_BLOCK
+    if run.kind == RunKind.TURN:
+        run.streaming_uuid = uuid.uuid4()
+    return Claimed(record, batch)
 
 
 async def end(

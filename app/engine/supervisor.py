@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 from collections import OrderedDict
@@ -25,12 +26,11 @@ from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
-from app.conversation.records import MessageRecord
 from app.db import is_transient
 from app.domain import ACTIVE_RUN_STATUSES, RunStatus
 from app.engine import runs
 from app.engine.compaction.collapse import collapse_spans
-from app.engine.loop import HANDOVER, LOST, RunOutcome, execute
+from app.engine.loop import HANDOVER, LOST, RunOutcome, execute, open_channel
 from app.engine.quotas import running
 from app.engine.resources import Resources
 from app.errors import Conflict
@@ -70,24 +70,51 @@ class Supervisor:
         self,
         run: Run,
         session: AgentSession | None = None,
-        claimed: list[MessageRecord] | None = None,
+        claimed: runs.Claimed | None = None,
+        *,
+        pending: bool = False,
     ) -> None:
-        """Execute a claimed run in this process (after its claim is committed). With the
-        claim's `session` the run starts without reloading anything; with the messages
-        the claim stored (`claimed`) its outcome can be answered from memory."""
+        """Execute a claimed run in this process. With the claim's `session` the run
+        starts without reloading anything; with what the claim stored (`claimed`) its
+        followers and its outcome are served from memory. `pending`: the claim is still
+        committing; the run prepares and calls the model meanwhile, but sends and writes
+        nothing until `confirm` (`abort` stops it)."""
         if run.id in self.tasks:
             return
         self._settled.setdefault(run.id, asyncio.Event()).clear()
+        if claimed is not None:  # open now: a stream starting next catches up from memory
+            open_channel(self.resources, run, claimed, pending=pending)
         snapshot = (run, session, claimed) if session is not None else (None, None, None)
         task = asyncio.create_task(self._execute(run.id, *snapshot), name=f"run-{run.id}")
+        task.add_done_callback(functools.partial(self._never_started, run.id))
         self.tasks[run.id] = task
+
+    def confirm(self, run_id: uuid.UUID) -> None:
+        """The claim of a run launched `pending` is committed."""
+        self.resources.events.confirm(run_id)
+
+    def abort(self, run_id: uuid.UUID) -> None:
+        """The claim of a run launched `pending` rolled back: stop it (which closes its
+        model request) before it writes or sends anything."""
+        self.resources.events.abort(run_id)
+        self._stop_task(run_id, LOST)
+
+    def _never_started(self, run_id: uuid.UUID, task: asyncio.Task[None]) -> None:
+        """A task cancelled before it ran (an aborted claim) skipped `_execute`'s own
+        clean-up."""
+        if task.cancelled() and self.tasks.get(run_id) is task:
+            self.tasks.pop(run_id, None)
+            self._cancel_reasons.pop(run_id, None)
+            settled = self._settled.pop(run_id, None)
+            if settled is not None:
+                settled.set()
 
     async def _execute(
         self,
         run_id: uuid.UUID,
         run: Run | None = None,
         session: AgentSession | None = None,
-        claimed: list[MessageRecord] | None = None,
+        claimed: runs.Claimed | None = None,
     ) -> None:
         metrics.runs_active.inc()
         runner = None
@@ -108,7 +135,7 @@ class Supervisor:
             settled = self._settled.pop(run_id, None)
             if settled is not None:
                 settled.set()
-        if runner is not None and not self.shutting_down.is_set():
+        if runner is not None and not runner.left and not self.shutting_down.is_set():
             if runner.queued_next:
                 await self.start_next_queued(runner.session.id)
             if runner.may_collapse():
@@ -146,9 +173,8 @@ class Supervisor:
                 run = await runs.oldest_queued(db, session_id)
                 if run is None:
                     return None
-                record = await runs.claim(
+                claimed = await runs.claim(
                     db,
-                    self.resources.events,
                     session,
                     run,
                     worker_id=self.resources.worker_id,
@@ -156,7 +182,7 @@ class Supervisor:
                 )
         except Conflict:
             return None
-        self.launch(run, session, [record] if record is not None else [])
+        self.launch(run, session, claimed)
         return run.id
 
     async def take_over(self, run_id: uuid.UUID) -> bool:
@@ -319,7 +345,7 @@ class Supervisor:
         owned = [
             (run_id, channels[run_id].epoch)
             for run_id in list(self.tasks)
-            if run_id in channels and not channels[run_id].lost
+            if run_id in channels and not channels[run_id].lost and channels[run_id].ready.is_set()
         ]
         if not owned:
             return

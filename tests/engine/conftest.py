@@ -86,6 +86,7 @@ class Harness:
         self.supervisor = Supervisor(resources)
         self.admission = Admission(resources, self.supervisor)
         self.cancel_reasons: dict[uuid.UUID, str] = {}
+        self.claims: dict[uuid.UUID, runs.Claimed] = {}  # what `claim` stored, by run
         # The task the supervisor last launched for each run, to wait for what it does
         # after the run settles (start a queued turn, schedule context collapse).
         self.launched: dict[uuid.UUID, asyncio.Task[None]] = {}
@@ -94,9 +95,11 @@ class Harness:
         def launching(
             run: Run,
             session: AgentSession | None = None,
-            claimed: list[MessageRecord] | None = None,
+            claimed: runs.Claimed | None = None,
+            *,
+            pending: bool = False,
         ) -> None:
-            launch(run, session, claimed)
+            launch(run, session, claimed, pending=pending)
             task = self.supervisor.tasks.get(run.id)
             if task is not None:
                 self.launched[run.id] = task
@@ -165,9 +168,8 @@ class Harness:
                 last_event_seq=0,
                 created_at=runs.now(),
             )
-            await runs.claim(
+            self.claims[run.id] = await runs.claim(
                 db,
-                self.resources.events,
                 session,
                 run,
                 worker_id=self.resources.worker_id,
@@ -176,7 +178,8 @@ class Harness:
         return run, session
 
     async def execute(self, run: Run, session: AgentSession | None = None) -> TurnRunner | None:
-        return await execute(self.resources, run.id, self.cancel_reasons.get, run, session)
+        claimed = self.claims.pop(run.id, None) if session is not None else None
+        return await execute(self.resources, run.id, self.cancel_reasons.get, run, session, claimed)
 
     async def turn(
         self, session_id: uuid.UUID, content: str | list[dict[str, Any]] = "hi"

@@ -118,6 +118,7 @@ class Gate:
     after: int
     reached: asyncio.Event = field(default_factory=asyncio.Event)
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    abandoned: asyncio.Event = field(default_factory=asyncio.Event)  # closed while held
 
     def release(self) -> None:
         self.released.set()
@@ -210,7 +211,11 @@ class ScriptedModel:
             for event in events[: item.after]:
                 yield event
             item.reached.set()
-            await item.released.wait()
+            try:
+                await item.released.wait()
+            except BaseException:  # the caller stopped reading (closed the request)
+                item.abandoned.set()
+                raise
             for event in events[item.after :]:
                 yield event
             return

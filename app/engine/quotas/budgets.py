@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, cast
 
 from sqlalchemy import Table, func, select
@@ -46,21 +47,29 @@ async def record(
     spent_out = counts.get("output_tokens", 0)
     if not spent_in and not spent_out:
         return
-    statement = insert_for(db, usage_t).values(
-        session_id=session_id,
-        hour=hour_of(datetime.now(UTC)),
-        tenant=tenant,
-        input_tokens=spent_in,
-        output_tokens=spent_out,
-    )
-    statement = statement.on_conflict_do_update(
-        index_elements=[usage_t.c.session_id, usage_t.c.hour],
-        set_={
-            "input_tokens": usage_t.c.input_tokens + spent_in,
-            "output_tokens": usage_t.c.output_tokens + spent_out,
+    await db.execute(
+        _add_usage(db.get_bind().dialect.name),
+        {
+            "session_id": session_id,
+            "hour": hour_of(datetime.now(UTC)),
+            "tenant": tenant,
+            "input_tokens": spent_in,
+            "output_tokens": spent_out,
         },
     )
-    await db.execute(statement)
+
+
+@lru_cache(maxsize=2)
+def _add_usage(dialect: str) -> Any:
+    """The upsert of `record`, built once per dialect (it runs with every model call)."""
+    statement = insert_for(dialect, usage_t)
+    return statement.on_conflict_do_update(
+        index_elements=[usage_t.c.session_id, usage_t.c.hour],
+        set_={
+            "input_tokens": usage_t.c.input_tokens + statement.excluded.input_tokens,
+            "output_tokens": usage_t.c.output_tokens + statement.excluded.output_tokens,
+        },
+    )
 
 
 @dataclass(frozen=True)

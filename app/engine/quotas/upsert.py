@@ -9,8 +9,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 
-def insert_for(db: AsyncSession, table: Table) -> Any:
-    """The dialect's insert (with `on_conflict_do_update`) of `table`."""
-    if db.get_bind().dialect.name == "postgresql":
+def insert_for(db: AsyncSession | str, table: Table) -> Any:
+    """The dialect's insert (with `on_conflict_do_update`) of `table`, for a session or a
+    dialect name."""
+    dialect = db if isinstance(db, str) else db.get_bind().dialect.name
+    if dialect == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)

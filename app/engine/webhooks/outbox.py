@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy import String, Table, bindparam, exists, insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.models import AgentSession, Run, WebhookDelivery, WebhookEndpoint
@@ -50,6 +50,15 @@ _TARGETS = (
         )
     )
     .where(runs_t.c.id == bindparam("run_id"))
+)
+
+
+# Whether the tenant (bound as `tenant`) has any endpoint: a column a run's settling
+# UPDATE returns, so the step that reports the end knows without a query of its own
+# whether its events may have receivers (`enqueue` is skipped when not, and the run
+# has no `webhook_url`).
+HAS_ENDPOINTS = (
+    exists().where(endpoints_t.c.tenant == bindparam("tenant", type_=String)).label("has_endpoints")
 )
 
 

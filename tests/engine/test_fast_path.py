@@ -1,0 +1,235 @@
+"""The fast path of a turn on Postgres: the claim in one statement while the session is
+as it was read, the model request sent while the claim commits (nothing sent or stored
+before it has, nothing at all if it rolls back), and the views and followers of a run
+executing here served from memory, equal to what is stored."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from app.domain import RunParams, RunStatus
+from app.engine import events as events_module
+from app.engine import runs
+from app.engine.events import StoredEvent
+from app.errors import Conflict
+from app.models import AgentSession, Message, Run, RunEvent
+from tests.engine.conftest import Harness, assert_gap_free
+from tests.engine.scripted import ScriptedModel, held, reply, tool_use
+
+LONG = " ".join(f"word{i}" for i in range(60))  # many deltas (8 characters each)
+
+
+class RequestFailed(Exception):
+    pass
+
+
+async def warm_session(h: Harness, model: ScriptedModel) -> AgentSession:
+    """A session with one turn done: its view is in this process's memory, so the next
+    turn calls the model while its claim commits (a cold view is read after it)."""
+    session = await h.new_session()
+    model.script(reply("warm"))
+    await h.turn(session.id, "warm up")
+    return await h.session(session.id)
+
+
+async def count(h: Harness, model: type[Message | Run | RunEvent], **where: object) -> int:
+    table = model.__table__
+    query = select(func.count()).select_from(table)
+    for name, value in where.items():
+        query = query.where(table.c[name] == value)  # type: ignore[attr-defined]
+    async with h.db.sessionmaker() as db:
+        return int(await db.scalar(query) or 0)
+
+
+def subscribe(h: Harness, run_id: uuid.UUID) -> asyncio.Queue[StoredEvent | None]:
+    inbox: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
+    h.resources.events.channels[run_id].subscribers.add(inbox)
+    return inbox
+
+
+def drain(inbox: asyncio.Queue[StoredEvent | None]) -> list[StoredEvent | None]:
+    found = []
+    while not inbox.empty():
+        found.append(inbox.get_nowait())
+    return found
+
+
+async def test_a_claim_that_rolls_back_stops_its_run_before_it_sends_or_stores(
+    h: Harness, model: ScriptedModel
+) -> None:
+    session = await warm_session(h, model)
+    gate = held(LONG, after=6)
+    model.script(gate)
+    before = await count(h, Message, session_id=session.id)
+    seen: dict[str, Any] = {}
+
+    async def post_then_fail() -> None:
+        async with h.db.transaction() as db:
+            row = await db.get(AgentSession, session.id)
+            assert row is not None
+            run = await h.admission.submit(db, row, RunParams(content="hi"))
+            seen["run"], seen["inbox"] = run.id, subscribe(h, run.id)
+            # The model is streaming while the claim is not committed yet.
+            await asyncio.wait_for(gate.reached.wait(), 10)
+            assert h.resources.events.channels[run.id].unwritten, "deltas were taken"
+            raise RequestFailed  # the request fails before its commit
+
+    with pytest.raises(RequestFailed):
+        await post_then_fail()
+    launched, inbox = seen["run"], seen["inbox"]
+    await asyncio.wait_for(gate.abandoned.wait(), 10)  # the model request was closed
+    await asyncio.wait_for(h.supervisor.wait_settled(launched, poll_seconds=0.02), 10)
+    assert launched not in h.supervisor.tasks
+    assert launched not in h.resources.events.channels
+    assert [e for e in drain(inbox) if e is not None] == [], "nothing was sent"
+    assert await count(h, Run, id=launched) == 0
+    assert await count(h, RunEvent, run_id=launched) == 0
+    assert await count(h, Message, session_id=session.id) == before
+    assert (await h.session(session.id)).head_uuid == session.head_uuid
+
+    # The session is free: the next turn runs as usual.
+    model.script(reply("after the failure"))
+    out = await h.settle((await h.start(session.id, "again")).id)
+    assert out.run.status == RunStatus.COMPLETED
+    assert out.text == "after the failure"
+
+
+async def test_a_pending_claim_holds_its_events_until_it_commits(
+    h: Harness, model: ScriptedModel
+) -> None:
+    session = await warm_session(h, model)
+    gate = held(LONG, after=6)
+    model.script(gate)
+
+    async with h.db.transaction() as db:
+        row = await db.get(AgentSession, session.id)
+        assert row is not None
+        run = await h.admission.submit(db, row, RunParams(content="hi"))
+        inbox = subscribe(h, run.id)
+        await asyncio.wait_for(gate.reached.wait(), 10)
+        assert drain(inbox) == [], "no delta is sent before the claim is stored"
+        assert await count(h, Run, id=run.id) == 0  # not visible outside the transaction
+    sent = drain(inbox)  # released by the commit
+    assert sent, "the held deltas are sent once the claim is stored"
+    gate.release()
+    out = await h.settle(run.id)
+
+    assert out.run.status == RunStatus.COMPLETED
+    assert out.text == LONG
+    assert_gap_free(out.events)
+    stored = {e.seq: (e.name, e.data) for e in out.events}
+    for event in sent:
+        assert event is not None
+        assert stored[event.seq] == (event.event, json.loads(event.data))
+
+
+async def test_a_stale_session_is_claimed_after_looking(h: Harness, model: ScriptedModel) -> None:
+    session = await h.new_session()
+    async with h.db.sessionmaker() as db:
+        stale = await db.get(AgentSession, session.id)
+    assert stale is not None
+    model.script(reply("first answer"))
+    first = await h.turn(session.id, "first")
+    messages = await count(h, Message, session_id=session.id)
+
+    async with h.db.transaction() as db:
+        db.add(stale)
+        run = h.admission._new_run(stale, runs.RunKind.TURN, RunParams(content="x"), None, "")
+        claimed = await runs.claim_at_once(db, stale, run, worker_id="w", lease_seconds=10.0)
+        assert claimed is None, "the guard saw the session move"
+    assert await count(h, Message, session_id=session.id) == messages
+    assert await count(h, Run, id=run.id) == 0
+
+    # Through admission the same stale read is claimed under the current head.
+    model.script(reply("second answer"))
+    async with h.db.transaction() as db:
+        db.add(stale)
+        second = await h.admission.submit(db, stale, RunParams(content="second"))
+    out = await h.settle(second.id)
+    assert out.run.status == RunStatus.COMPLETED
+    user = out.messages[0]
+    assert user.parent_uuid == first.messages[-1].uuid
+
+
+async def test_the_view_kept_in_memory_is_the_stored_chain(
+    h: Harness, model: ScriptedModel
+) -> None:
+    model.script(
+        reply("one"),
+        reply(tool_use("Write", {"path": "a.txt", "content": "x"}, id="toolu_1")),
+        reply("two"),
+        reply("three"),
+    )
+    session = await h.new_session()
+    for text in ("first", "second", "third"):
+        out = await h.settle((await h.start(session.id, text)).id)
+        assert out.run.status == RunStatus.COMPLETED
+        head = (await h.session(session.id)).head_uuid
+        kept = h.resources.views.peek(session.id, head)
+        assert kept is not None, "the view at the head is in memory"
+        stored = await h.chain(session.id, full=False)
+        assert [r.uuid for r in kept] == [r.uuid for r in stored]
+        assert [r.content for r in kept] == [r.content for r in stored]
+
+
+async def test_a_follower_of_a_run_here_sees_the_stored_log(
+    h: Harness, model: ScriptedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events_module, "RECENT_EVENTS", 8)  # memory keeps few: table too
+    gate = held(LONG, after=-1)
+    model.script(gate)
+    session = await h.new_session()
+    run = await h.start(session.id, "hi")
+    await asyncio.wait_for(gate.reached.wait(), 10)
+
+    async def status() -> str | None:
+        async with h.db.sessionmaker() as db:
+            return await runs.status_of(db, run.id)
+
+    async def follow(after: int) -> list[StoredEvent]:
+        return [e async for e in h.resources.events.follow(run.id, after, status=status)]
+
+    followers = [asyncio.create_task(follow(after)) for after in (0, 3, 20)]
+    await asyncio.sleep(0.05)
+    gate.release()
+    out = await h.settle(run.id)
+    stored = [(e.seq, e.name, e.data) for e in out.events]
+    for after, task in zip((0, 3, 20), followers, strict=True):
+        seen = [(e.seq, e.event, json.loads(e.data)) for e in await task]
+        assert seen == [s for s in stored if s[0] > after]
+
+
+async def test_a_one_statement_claim_losing_to_a_committing_claim_is_a_conflict(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """A compaction claimed with the session's head unchanged commits while the turn's
+    statement waits for the session row: the turn's guard still holds on the new row,
+    its snapshot cannot see the new run, and the one-active-run index refuses it: 409,
+    and nothing of the turn is stored."""
+    session = await warm_session(h, model)
+    messages = await count(h, Message, session_id=session.id)
+    async with h.db.sessionmaker() as first, h.db.sessionmaker() as second:
+        compacting = await first.get(AgentSession, session.id)
+        posting = await second.get(AgentSession, session.id)
+        assert compacting is not None
+        assert posting is not None
+        compaction = h.admission._new_run(compacting, runs.RunKind.COMPACT, RunParams(), None, "")
+        await runs.claim(first, compacting, compaction, worker_id="a", lease_seconds=10.0)
+        turn = h.admission._new_run(posting, runs.RunKind.TURN, RunParams(content="x"), None, "")
+        racing = asyncio.create_task(
+            runs.claim_at_once(second, posting, turn, worker_id="b", lease_seconds=10.0)
+        )
+        await asyncio.sleep(0.3)  # the statement waits for the session row
+        assert not racing.done()
+        await first.commit()
+        with pytest.raises(Conflict):
+            await racing
+    assert await count(h, Run, id=turn.id) == 0
+    assert await count(h, Message, session_id=session.id) == messages
+    assert (await h.active_run(session.id)) is not None
