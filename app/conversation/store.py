@@ -38,6 +38,7 @@ messages_t = cast(Table, Message.__table__)
 # Core tables on the hot path: ORM-enabled DML costs several times the CPU.
 sessions_t = cast(Table, AgentSession.__table__)
 RECORD_COLUMNS = tuple(messages_t.c[name] for name in COLUMNS)
+INSERT_MESSAGES = insert(messages_t)  # built once (construction costs more than a run)
 MAX_CHAIN_DEPTH = 10_000_000  # a guard against a corrupted (cyclic) tree, never reached
 
 
@@ -197,7 +198,7 @@ async def append_many(
         values.update(head_uuid=messages[-1].uuid, updated_at=utcnow())
     first = await allocate_seq(db, session_id, len(messages), add=add, **values)
     records = [message.with_(seq=first + i) for i, message in enumerate(messages)]
-    await db.execute(insert(messages_t), [record.values() for record in records])
+    await db.execute(INSERT_MESSAGES, [record.values() for record in records])
     return records
 
 

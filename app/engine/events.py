@@ -31,9 +31,21 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, Protocol, cast
 
-from sqlalchemy import Table, Update, func, insert, select, text, update
+from sqlalchemy import (
+    String,
+    Table,
+    Update,
+    Uuid,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import Database
@@ -81,6 +93,47 @@ BATCH_FLUSH = text(
 RECENT_EVENTS = 4096
 TERMINAL_EVENTS = frozenset({"run.completed", "run.failed", "run.cancelled"})
 PAUSE_EVENT = "run.requires_action"
+
+
+# Built once: constructing a statement costs more CPU than running it.
+INSERT_EVENTS = insert(run_events_t)
+
+
+@lru_cache(maxsize=64)
+def fenced_statement(columns: tuple[str, ...], notify: bool) -> Update:
+    """The UPDATE that sets `columns` on a run row while the owner's epoch still holds
+    it (the row lock orders it against a take-over), returning its id and, with
+    `notify`, sending the followers' notification (Postgres: when the transaction
+    commits). Its parameters come from `fenced_params`; built once per shape."""
+    c = runs_t.c
+    values: dict[str, Any] = {
+        name: bindparam(f"set_{name}", type_=c[name].type) for name in columns
+    } or {"epoch": c.epoch}
+    returning: list[Any] = [c.id]
+    if notify:
+        returning.append(
+            func.pg_notify(
+                bindparam("notify_channel", type_=String), bindparam("notify_payload", type_=String)
+            )
+        )
+    return (
+        update(runs_t)
+        .where(c.id == bindparam("fence_run", type_=Uuid), c.epoch == bindparam("fence_epoch"))
+        .values(values)
+        .returning(*returning)
+    )
+
+
+def fenced_params(
+    channel: RunChannel, values: dict[str, Any], notify_seq: int | None
+) -> dict[str, Any]:
+    params = {f"set_{name}": value for name, value in values.items()}
+    params.update(fence_run=channel.run_id, fence_epoch=channel.epoch)
+    if notify_seq is not None:
+        params.update(
+            notify_channel=NOTIFY_CHANNEL, notify_payload=f"{channel.run_id}:{notify_seq}"
+        )
+    return params
 
 
 class Waitable(Protocol):
@@ -187,21 +240,20 @@ class Step:
     def add(self, event: str, data: Any) -> None:
         self.events.append(self.channel.take_seq(event, data))
 
-    def final_update(self, **values: Any) -> Update:
-        """The UPDATE of the run row for the owner's last step (a pause, the end), to be
-        run by the caller and followed by exactly one event, the one reporting it: fenced
-        by the owner's epoch, with the step's `run_values`, that event's id as the last
-        (the ids reserved beyond it go back) and the followers' notification. The step
-        then writes no other UPDATE of the row: the caller's is the fence (no row means
-        the run is no longer this owner's)."""
+    def final_update(self, **values: Any) -> tuple[Update, dict[str, Any]]:
+        """The UPDATE of the run row for the owner's last step (a pause, the end) and its
+        parameters, to be run by the caller and followed by exactly one event, the one
+        reporting it: fenced by the owner's epoch, with the step's `run_values`, that
+        event's id as the last (the ids reserved beyond it go back) and the followers'
+        notification. The step then writes no other UPDATE of the row: the caller's is
+        the fence (no row means the run is no longer this owner's)."""
         channel = self.channel
         last = channel.next_seq  # the id of the event reported next
         self.final = self.run_written = True
-        return self.hub.fenced_update(
-            channel,
-            {**self.run_values, **values, "last_event_seq": last, "reserved_seq": last},
-            last,
-        )
+        values = {**self.run_values, **values, "last_event_seq": last, "reserved_seq": last}
+        notify = not self.hub.db.is_sqlite
+        statement = fenced_statement(tuple(sorted(values)), notify)
+        return statement, fenced_params(channel, values, last if notify else None)
 
 
 class EventHub:
@@ -374,7 +426,10 @@ class EventHub:
         """Store what is left, release the run's lease (its ids up to the last one
         taken) and tell the other processes to take it over now."""
         channel = self.channels.get(run_id)
-        if channel is None or channel.lost:
+        if channel is None:
+            return
+        await channel.ready.wait()  # a pending claim commits (or not) first
+        if channel.lost:
             return
         async with channel.lock, self.db.transaction() as db:
             # Every id taken so far is stored after this: the next owner starts right after.
@@ -484,7 +539,7 @@ class EventHub:
                     await self._fence(db, channel, values)
                 except LostOwnership:
                     continue
-                await db.execute(insert(run_events_t), event_rows(channel.run_id, batch))
+                await db.execute(INSERT_EVENTS, event_rows(channel.run_id, batch))
                 stored.add(channel.run_id)
         return stored
 
@@ -525,7 +580,7 @@ class EventHub:
         has a receiver) and set `run_values` (None: the step's own `final_update` did)
         with the last event's id on the run row, fenced, telling followers elsewhere."""
         if events:
-            await db.execute(insert(run_events_t), event_rows(channel.run_id, events))
+            await db.execute(INSERT_EVENTS, event_rows(channel.run_id, events))
             if webhooks:
                 await outbox.enqueue(db, channel.run_id, ((e.event, e.data) for e in events))
         if run_values is None:
@@ -540,24 +595,6 @@ class EventHub:
         """Set `values` on a run executing here in the caller's transaction, fenced."""
         await self._fence(db, self.channels[run_id], values)
 
-    def fenced_update(
-        self, channel: RunChannel, values: dict[str, Any], notify_seq: int | None = None
-    ) -> Update:
-        """Set `values` on the run row while the channel's epoch still owns it (the row
-        lock orders this against a take-over), returning its id; with `notify_seq`, also
-        tell followers in other processes that events up to it are stored (Postgres: a
-        NOTIFY, sent when the transaction commits)."""
-        columns: list[Any] = [runs_t.c.id]
-        if notify_seq is not None and not self.db.is_sqlite:
-            payload = f"{channel.run_id}:{notify_seq}"
-            columns.append(func.pg_notify(NOTIFY_CHANNEL, payload))
-        return (
-            update(runs_t)
-            .where(runs_t.c.id == channel.run_id, runs_t.c.epoch == channel.epoch)
-            .values(**(values or {"epoch": runs_t.c.epoch}))
-            .returning(*columns)
-        )
-
     async def _fence(
         self,
         db: AsyncSession,
@@ -565,8 +602,14 @@ class EventHub:
         values: dict[str, Any],
         notify_seq: int | None = None,
     ) -> None:
-        """`fenced_update`, run; `LostOwnership` when the run is no longer this owner's."""
-        result = await db.execute(self.fenced_update(channel, values, notify_seq))
+        """Set `values` on the run row, fenced (`fenced_statement`), telling followers
+        elsewhere that events up to `notify_seq` are stored; `LostOwnership` when the run
+        is no longer this owner's."""
+        notify = notify_seq is not None and not self.db.is_sqlite
+        result = await db.execute(
+            fenced_statement(tuple(sorted(values)), notify),
+            fenced_params(channel, values, notify_seq if notify else None),
+        )
         if result.first() is None:
             raise LostOwnership(f"run {channel.run_id} has another owner")
 

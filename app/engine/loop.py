@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Row, Table, bindparam, exists
+from sqlalchemy import Row, Table, Update, bindparam, exists
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
@@ -75,6 +75,17 @@ QUEUED_NEXT = (
     .where(_queued.c.status == RunStatus.QUEUED)
     .label("queued_next")
 )
+
+
+@functools.lru_cache(maxsize=64)
+def _settling(fenced: Update) -> Update:
+    """A run's settling UPDATE: `fenced` (its values and fence) while the run is still
+    running, returning the row, whether a queued turn waits for the session and
+    whether the tenant has webhook endpoints. Built once per shape of `fenced`."""
+    return fenced.where(runs_t.c.status == RunStatus.RUNNING).returning(
+        *runs_t.c, QUEUED_NEXT, outbox.HAS_ENDPOINTS
+    )
+
 
 CONTINUE_TEXT = (
     "Output token limit hit. Resume directly from where you stopped, with no apology and "
@@ -457,11 +468,10 @@ class TurnRunner:
         webhook endpoints (else the step writes no deliveries). The row as it settles;
         the caller reports it next. `LostOwnership` when the run was ended or taken
         elsewhere."""
+        fenced, params = step.log.final_update(**values)
         result = await step.db.execute(
-            step.log.final_update(**values)
-            .where(runs_t.c.status == RunStatus.RUNNING)
-            .returning(*runs_t.c, QUEUED_NEXT, outbox.HAS_ENDPOINTS),
-            {"queued_session": self._session.id, "tenant": self._session.tenant},
+            _settling(fenced),
+            {**params, "queued_session": self._session.id, "tenant": self._session.tenant},
         )
         run = result.first()
         if run is None:

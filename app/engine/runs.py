@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, insert, or_, select, text
+from sqlalchemy import Table, and_, func, or_, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -25,7 +25,14 @@ from app.conversation import store
 from app.conversation.payloads import message_payload, run_json
 from app.conversation.records import MessageRecord, new_message
 from app.domain import ACTIVE_RUN_STATUSES, RunKind, RunStatus, ToolResult
-from app.engine.events import RESERVE_BLOCK, EventHub, StoredEvent, dumps, event_rows
+from app.engine.events import (
+    INSERT_EVENTS,
+    RESERVE_BLOCK,
+    EventHub,
+    StoredEvent,
+    dumps,
+    event_rows,
+)
 from app.engine.webhooks import outbox
 from app.errors import Conflict, NotFound
 from app.models import AgentSession, Run, RunEvent
@@ -133,7 +140,7 @@ async def append_events(
         after = int(stored or 0)
     after = max(after, run.reserved_seq or 0)
     batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
-    await db.execute(insert(run_events_t), event_rows(run.id, batch))
+    await db.execute(INSERT_EVENTS, event_rows(run.id, batch))
     await outbox.enqueue(db, run.id, ((e.event, e.data) for e in batch))
     run.last_event_seq = run.reserved_seq = batch[-1].seq
     if notify:
@@ -218,7 +225,7 @@ async def claim(
         await _lost_race(db, session.id)
         raise
     # No notification: until this commits nobody can know the run is running.
-    await db.execute(insert(run_events_t), event_rows(run.id, claimed.events))
+    await db.execute(INSERT_EVENTS, event_rows(run.id, claimed.events))
     await outbox.enqueue(db, run.id, ((e.event, e.data) for e in claimed.events))
     return claimed
 
