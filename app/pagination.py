@@ -12,7 +12,9 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Select, and_, or_
 
 from app.context.shapes import unstorable
 from app.errors import Invalid
@@ -75,3 +77,25 @@ def page(
     items = list(rows[:limit])
     more = len(rows) > limit
     return items, (encode_cursor(*key(items[-1])) if more and items else None)
+
+
+class Dated(Protocol):
+    """A row listed newest first: its creation time, then its id, break ties."""
+
+    created_at: datetime
+    id: uuid.UUID
+
+
+def newest_first(query: Select[Any], model: Any, after: str | None, limit: int) -> Select[Any]:
+    """`query` over `model`'s rows, newest first by (`created_at`, `id`), from after the
+    cursor `after` (422 for one that is not), a row more than a page (for `page` with
+    `dated_key`)."""
+    created, ident = model.created_at, model.id
+    if after:
+        at, last = decode_cursor(after, as_datetime, uuid.UUID)
+        query = query.where(or_(created < at, and_(created == at, ident < last)))
+    return query.order_by(created.desc(), ident.desc()).limit(limit + 1)
+
+
+def dated_key(row: Dated) -> tuple[datetime, uuid.UUID]:
+    return row.created_at, row.id

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
@@ -18,7 +18,7 @@ from app.conversation.views import ChainCache, load_view
 from app.domain import ACTIVE_RUN_STATUSES
 from app.errors import Conflict, Invalid, NotFound
 from app.models import AgentSession, Run
-from app.pagination import as_datetime, decode_cursor, page
+from app.pagination import dated_key, newest_first, page
 from app.schemas import (
     CompactionSettings,
     ContextSummary,
@@ -165,18 +165,10 @@ async def list_page(
     db: AsyncSession, tenant: str, *, limit: int, after: str | None
 ) -> tuple[list[AgentSession], str | None]:
     """Newest first; the cursor is the (created_at, id) of the last item."""
-    query = select(AgentSession).where(AgentSession.tenant == tenant)
-    if after:
-        created, sid = decode_cursor(after, as_datetime, uuid.UUID)
-        query = query.where(
-            or_(
-                AgentSession.created_at < created,
-                and_(AgentSession.created_at == created, AgentSession.id < sid),
-            )
-        )
-    query = query.order_by(AgentSession.created_at.desc(), AgentSession.id.desc()).limit(limit + 1)
-    rows = list((await db.scalars(query)).all())
-    return page(rows, limit, lambda s: (s.created_at, s.id))
+    query = newest_first(
+        select(AgentSession).where(AgentSession.tenant == tenant), AgentSession, after, limit
+    )
+    return page(list(await db.scalars(query)), limit, dated_key)
 
 
 async def delete_session(db: AsyncSession, session: AgentSession) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, func, or_, select, text
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -36,7 +36,7 @@ from app.engine.events import (
 from app.engine.webhooks import outbox
 from app.errors import Conflict, NotFound
 from app.models import AgentSession, Run, RunEvent
-from app.pagination import as_datetime, decode_cursor, page
+from app.pagination import dated_key, newest_first, page
 
 run_events_t = cast(Table, RunEvent.__table__)
 
@@ -88,16 +88,8 @@ async def list_page(
     db: AsyncSession, session_id: uuid.UUID, *, after: str | None, limit: int
 ) -> tuple[list[Run], str | None]:
     """Runs of the session, newest first."""
-    query = select(Run).where(Run.session_id == session_id)
-    if after:
-        created, run_id = decode_cursor(after, as_datetime, uuid.UUID)
-        query = query.where(
-            or_(Run.created_at < created, and_(Run.created_at == created, Run.id < run_id))
-        )
-    rows = list(
-        await db.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1))
-    )
-    return page(rows, limit, lambda r: (r.created_at, r.id))
+    query = newest_first(select(Run).where(Run.session_id == session_id), Run, after, limit)
+    return page(list(await db.scalars(query)), limit, dated_key)
 
 
 async def by_idempotency_key(db: AsyncSession, session_id: uuid.UUID, key: str) -> Run | None:

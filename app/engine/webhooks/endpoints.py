@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from sqlalchemy import and_, delete, or_, select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.config import Settings
@@ -15,7 +15,7 @@ from app.engine.webhooks import signing
 from app.engine.webhooks.addresses import RefusedUrl, check_url
 from app.errors import Invalid, NotFound
 from app.models import WebhookDelivery, WebhookEndpoint
-from app.pagination import as_datetime, decode_cursor, page
+from app.pagination import dated_key, newest_first, page
 
 
 async def check(settings: Settings, url: str, loc: list[str | int]) -> None:
@@ -83,22 +83,8 @@ async def deliveries(
     """The endpoint's deliveries, newest first."""
     await get(db, tenant, endpoint_id)
     query = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint_id)
-    if after:
-        created, delivery_id = decode_cursor(after, as_datetime, uuid.UUID)
-        query = query.where(
-            or_(
-                WebhookDelivery.created_at < created,
-                and_(WebhookDelivery.created_at == created, WebhookDelivery.id < delivery_id),
-            )
-        )
-    rows = list(
-        await db.scalars(
-            query.order_by(WebhookDelivery.created_at.desc(), WebhookDelivery.id.desc()).limit(
-                limit + 1
-            )
-        )
-    )
-    return page(rows, limit, lambda d: (d.created_at, d.id))
+    query = newest_first(query, WebhookDelivery, after, limit)
+    return page(list(await db.scalars(query)), limit, dated_key)
 
 
 async def for_run(db: AsyncSession, tenant: str, run_id: uuid.UUID) -> list[WebhookDelivery]:
