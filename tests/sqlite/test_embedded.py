@@ -14,10 +14,10 @@ import httpx
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.main import create_app
 from app.migrate import upgrade
-from tests.conftest import LiveServer, free_port, make_settings
+from tests.conftest import LiveServer, free_port
 from tests.runs.helpers import assert_next_request_valid, messages, names, new_session, post_stream
+from tests.sqlite.conftest import sqlite_server
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.sqlite
@@ -25,12 +25,7 @@ pytestmark = pytest.mark.sqlite
 
 @pytest.fixture
 async def sqlite_live(tmp_path: Path) -> AsyncIterator[LiveServer]:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'parley.db'}"
-    engine = create_async_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    app = create_app(make_settings(url))
-    async with LiveServer(app, free_port()) as server:
+    async with sqlite_server(tmp_path) as server:
         yield server
 
 

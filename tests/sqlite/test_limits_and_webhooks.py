@@ -7,13 +7,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.main import create_app
-from app.migrate import upgrade
-from tests.conftest import LiveServer, free_port, make_settings
+from tests.conftest import LiveServer
 from tests.quotas.test_limits import fresh_minute
 from tests.runs.helpers import new_session
+from tests.sqlite.conftest import sqlite_server
 from tests.webhooks.receiver import Receiver
 from tests.webhooks.test_delivery import WEBHOOK_SETTINGS, until
 
@@ -22,12 +20,7 @@ pytestmark = pytest.mark.sqlite
 
 @pytest.fixture
 async def sqlite_live(tmp_path: Path) -> AsyncIterator[LiveServer]:
-    url = f"sqlite+aiosqlite:///{tmp_path / 'parley.db'}"
-    engine = create_async_engine(url)
-    await upgrade(engine)
-    await engine.dispose()
-    settings = make_settings(url, **WEBHOOK_SETTINGS, rate_turns_per_minute=3)
-    async with LiveServer(create_app(settings), free_port()) as server:
+    async with sqlite_server(tmp_path, **WEBHOOK_SETTINGS, rate_turns_per_minute=3) as server:
         yield server
 
 
