@@ -104,7 +104,7 @@ def fenced_statement(columns: tuple[str, ...], notify: bool) -> Update:
     """The UPDATE that sets `columns` on a run row while the owner's epoch still holds
     it (the row lock orders it against a take-over), returning its id and, with
     `notify`, sending the followers' notification (Postgres: when the transaction
-    commits). Its parameters come from `fenced_params`; built once per shape."""
+    commits). Its parameters come from `EventHub.fenced_update`; built once per shape."""
     c = runs_t.c
     values: dict[str, Any] = {
         name: bindparam(f"set_{name}", type_=c[name].type) for name in columns
@@ -122,18 +122,6 @@ def fenced_statement(columns: tuple[str, ...], notify: bool) -> Update:
         .values(values)
         .returning(*returning)
     )
-
-
-def fenced_params(
-    channel: RunChannel, values: dict[str, Any], notify_seq: int | None
-) -> dict[str, Any]:
-    params = {f"set_{name}": value for name, value in values.items()}
-    params.update(fence_run=channel.run_id, fence_epoch=channel.epoch)
-    if notify_seq is not None:
-        params.update(
-            notify_channel=NOTIFY_CHANNEL, notify_payload=f"{channel.run_id}:{notify_seq}"
-        )
-    return params
 
 
 class Waitable(Protocol):
@@ -251,9 +239,7 @@ class Step:
         last = channel.next_seq  # the id of the event reported next
         self.final = self.run_written = True
         values = {**self.run_values, **values, "last_event_seq": last, "reserved_seq": last}
-        notify = not self.hub.db.is_sqlite
-        statement = fenced_statement(tuple(sorted(values)), notify)
-        return statement, fenced_params(channel, values, last if notify else None)
+        return self.hub.fenced_update(channel, values, last)
 
 
 class EventHub:
@@ -595,6 +581,20 @@ class EventHub:
         """Set `values` on a run executing here in the caller's transaction, fenced."""
         await self._fence(db, self.channels[run_id], values)
 
+    def fenced_update(
+        self, channel: RunChannel, values: dict[str, Any], notify_seq: int | None = None
+    ) -> tuple[Update, dict[str, Any]]:
+        """The fenced UPDATE setting `values` on the channel's run row
+        (`fenced_statement`) and its parameters; with `notify_seq`, it also tells
+        followers elsewhere that events up to that id are stored (Postgres)."""
+        notify = notify_seq is not None and not self.db.is_sqlite
+        params = {f"set_{name}": value for name, value in values.items()}
+        params.update(fence_run=channel.run_id, fence_epoch=channel.epoch)
+        if notify:
+            params["notify_channel"] = NOTIFY_CHANNEL
+            params["notify_payload"] = f"{channel.run_id}:{notify_seq}"
+        return fenced_statement(tuple(sorted(values)), notify), params
+
     async def _fence(
         self,
         db: AsyncSession,
@@ -602,14 +602,8 @@ class EventHub:
         values: dict[str, Any],
         notify_seq: int | None = None,
     ) -> None:
-        """Set `values` on the run row, fenced (`fenced_statement`), telling followers
-        elsewhere that events up to `notify_seq` are stored; `LostOwnership` when the run
-        is no longer this owner's."""
-        notify = notify_seq is not None and not self.db.is_sqlite
-        result = await db.execute(
-            fenced_statement(tuple(sorted(values)), notify),
-            fenced_params(channel, values, notify_seq if notify else None),
-        )
+        """Run `fenced_update`; `LostOwnership` when the run is no longer this owner's."""
+        result = await db.execute(*self.fenced_update(channel, values, notify_seq))
         if result.first() is None:
             raise LostOwnership(f"run {channel.run_id} has another owner")
 
