@@ -401,9 +401,7 @@ class Admission:
         run.state = run.state.model_copy(update={"results": {}})
         if record is not None:
             set_committed_value(session, "head_uuid", record.uuid)
-            await runs.append_events(
-                db, self.resources.events, run, result_events(record), after=None
-            )
+            await runs.append_events(db, self.resources.events, run, result_events(record))
         message_seq = record.seq if record is not None else 0
         answer = {"hash": digest, "after_seq": after_seq, "message_seq": message_seq}
         run.tool_answers = {**(run.tool_answers or {}), key: answer}

@@ -155,6 +155,11 @@ def dumps(data: Any) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
+def numbered(after: int, items: list[tuple[str, Any]]) -> list[StoredEvent]:
+    """Events (name, data) as stored, with the ids after `after`."""
+    return [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
+
+
 def event_rows(run_id: uuid.UUID, events: list[StoredEvent]) -> list[dict[str, Any]]:
     return [{"run_id": run_id, "seq": e.seq, "event": e.event, "data": e.data} for e in events]
 

@@ -32,6 +32,7 @@ from app.engine.events import (
     StoredEvent,
     dumps,
     event_rows,
+    numbered,
 )
 from app.engine.webhooks import outbox
 from app.errors import Conflict, NotFound
@@ -116,27 +117,17 @@ async def oldest_queued(db: AsyncSession, session_id: uuid.UUID) -> Run | None:
 
 
 async def append_events(
-    db: AsyncSession,
-    hub: EventHub,
-    run: Run,
-    items: list[tuple[str, Any]],
-    *,
-    after: int | None,
-    notify: bool = True,
+    db: AsyncSession, hub: EventHub, run: Run, items: list[tuple[str, Any]]
 ) -> None:
-    """Store events of a run that has no live channel here (being claimed, paused,
-    queued, remote or dead), in the caller's transaction, after event `after` (None:
-    after the last one stored) and after any id an owner reserved (never reused)."""
-    if after is None:
-        stored = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id))
-        after = int(stored or 0)
-    after = max(after, run.reserved_seq or 0)
-    batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
+    """Store events of a run that has no live channel here (paused, queued, remote or
+    dead), in the caller's transaction, after the last one stored and after any id an
+    owner reserved (never reused), and tell followers elsewhere."""
+    stored = await db.scalar(select(func.max(RunEvent.seq)).where(RunEvent.run_id == run.id))
+    batch = numbered(max(int(stored or 0), run.reserved_seq or 0), items)
     await db.execute(INSERT_EVENTS, event_rows(run.id, batch))
     await outbox.enqueue(db, run.id, ((e.event, e.data) for e in batch))
     run.last_event_seq = run.reserved_seq = batch[-1].seq
-    if notify:
-        await hub.notify(db, run.id, batch[-1].seq)
+    await hub.notify(db, run.id, batch[-1].seq)
 
 
 async def answer_open_tool_uses(
@@ -371,8 +362,7 @@ def _start(
     items: list[tuple[str, Any]] = [("run.started", run_json(run))]
     if record is not None:
         items.append(("message.completed", message_payload(record)))
-    after = max(run.last_event_seq, run.reserved_seq or 0)
-    batch = [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
+    batch = numbered(max(run.last_event_seq, run.reserved_seq or 0), items)
     run.last_event_seq = batch[-1].seq
     # The owner's first block of ids, and the uuid its first reply streams under, are
     # reserved with the claim: the model is called without another write first.
@@ -405,7 +395,7 @@ async def end(
     if answered is not None:
         events.append(("message.completed", message_payload(answered)))
     events.append((f"run.{status}", run_json(run)))
-    await append_events(db, hub, run, events, after=None)
+    await append_events(db, hub, run, events)
     await db.flush()
 
 
