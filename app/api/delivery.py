@@ -16,7 +16,6 @@ from typing import Any, Literal
 import anyio
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import Row
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
@@ -29,7 +28,7 @@ from app.engine import runs
 from app.engine.events import SHUTDOWN
 from app.engine.runtime import Runtime
 from app.models import Run
-from app.schemas import TurnResult
+from app.schemas import RunOut, TurnResult
 
 Mode = Literal["stream", "background", "wait"]
 log = logging.getLogger("parley.http")
@@ -101,7 +100,7 @@ class SettledResponse(Response):
         build: Callable[[Run, list[MessageRecord]], Response],
         messages_from: int = 0,
         *,
-        from_memory: Callable[[Row[Any], list[MessageRecord]], Response] | None = None,
+        from_memory: Callable[[RunOut, list[MessageRecord]], Response] | None = None,
     ) -> None:
         """`from_memory` builds the answer from the outcome a run executed here kept
         (the run row its last step stored), when it has one."""
@@ -130,7 +129,7 @@ class SettledResponse(Response):
         await response(scope, receive, send)
 
 
-def _turn_result(run: Run | Row[Any], records: list[MessageRecord]) -> Response:
+def _turn_result(run: Run | RunOut, records: list[MessageRecord]) -> Response:
     result = TurnResult(run=run_out(run), messages=[message_out(r) for r in records])
     return JSONResponse(result.model_dump(mode="json"))
 

@@ -107,7 +107,7 @@ def result_events(record: MessageRecord) -> list[tuple[str, Any]]:
     return events
 
 
-def run_out(run: Run | Row[Any]) -> RunOut:
+def run_out(run: Run | Row[Any] | RunOut) -> RunOut:
     """A run, from its ORM object or a row of the runs table (an UPDATE ... RETURNING)."""
     return RunOut.model_validate(run, from_attributes=True)
 

@@ -229,6 +229,7 @@ class Step:
         self.final = False
         self.run_written = False  # by `final_update`: the hub writes the run row no more
         self.webhooks = True  # False when its events are known to have no receiver
+        self.written: list[StoredEvent] | None = None  # stored by the caller (`final_events`)
 
     def add(self, event: str, data: Any) -> None:
         self.events.append(self.channel.take_seq(event, data))
@@ -245,6 +246,14 @@ class Step:
         self.final = self.run_written = True
         values = {**self.run_values, **values, "last_event_seq": last, "reserved_seq": last}
         return self.hub.fenced_update(channel, values, last)
+
+    def final_events(self) -> list[StoredEvent]:
+        """For an owner's last step that stores its events and settles the run row in
+        its own statement (`finishing.finish_turn`): the events to store, the deltas not
+        written yet and then the step's own. The hub then writes nothing more."""
+        self.final = self.run_written = True
+        self.written = [*self.channel.unwritten, *self.events]
+        return self.written
 
 
 class EventHub:
@@ -379,17 +388,20 @@ class EventHub:
             step = Step(self, channel, db)
             try:
                 yield step
-                written = [*channel.unwritten, *step.events]
-                values = dict(step.run_values)
-                if step.final and written:
-                    values["reserved_seq"] = written[-1].seq
-                await self._write(
-                    db,
-                    channel,
-                    written,
-                    None if step.run_written else values,
-                    webhooks=step.webhooks,
-                )
+                if step.written is not None:
+                    written = step.written
+                else:
+                    written = [*channel.unwritten, *step.events]
+                    values = dict(step.run_values)
+                    if step.final and written:
+                        values["reserved_seq"] = written[-1].seq
+                    await self._write(
+                        db,
+                        channel,
+                        written,
+                        None if step.run_written else values,
+                        webhooks=step.webhooks,
+                    )
                 await db.commit()
             except BaseException as exc:
                 await db.rollback()

@@ -36,11 +36,11 @@ from app.context.request import build_body
 from app.context.session import SessionConfig
 from app.context.types import Block, Node
 from app.conversation import sessions, store
-from app.conversation.payloads import message_payload, result_events, run_json
+from app.conversation.payloads import message_payload, result_events, run_json, run_out
 from app.conversation.records import MessageRecord, new_message
 from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
-from app.engine import refusal, runs
+from app.engine import finishing, refusal, runs
 from app.engine.compaction import layers
 from app.engine.compaction.collapse import worth_checking
 from app.engine.events import LostOwnership
@@ -54,6 +54,7 @@ from app.engine.tool_calls import plan_round, run_builtins
 from app.engine.webhooks import outbox
 from app.errors import RunFailed
 from app.models import AgentSession, Run
+from app.schemas import RunOut
 
 log = logging.getLogger("parley.loop")
 
@@ -97,7 +98,7 @@ CONTINUE_TEXT = (
 class RunOutcome:
     """A settled run as its last step stored it, and the messages it stored."""
 
-    run: Row[Any]
+    run: RunOut
     records: list[MessageRecord]
 
 
@@ -117,6 +118,8 @@ class TurnRunner:
         self.run_id = run.id
         self.kind = run.kind
         self.params = run.params
+        self._user_message_uuid = run.user_message_uuid
+        self._created_at = run.created_at
         self.state = run.state.model_copy(deep=True)
         self.run_usage: dict[str, int] = dict(run.usage or {})
         self._session = session
@@ -127,12 +130,16 @@ class TurnRunner:
         # message is known): the messages stored so far and the run row it settled with.
         self._known: list[MessageRecord] | None = None
         self.claimed_here = claimed is not None
+        # The session's message count as this run left it (the seq of the last message it
+        # stored), when known: the final step may then be one statement.
+        self._last_seq: int | None = None
         if claimed is not None:
             self._known = [] if claimed.record is None else [claimed.record]
+            self._last_seq = claimed.record.seq if claimed.record is not None else None
             # Committed with the claim: the first view needs no walk.
             resources.views.extend(session.id, self._known)
-        self.settled: Row[Any] | None = None
-        self._settling: Row[Any] | None = None  # becomes `settled` when its step commits
+        self.settled: RunOut | None = None
+        self._settling: RunOut | None = None  # becomes `settled` when its step commits
         # The figure of the view whose last message is `_estimated_head` (a reply of this
         # run: its measured input and output tokens), for the collapse check after the run.
         self._estimated_head: uuid.UUID | None = None
@@ -176,6 +183,8 @@ class TurnRunner:
             yield step
         self._head = step.head  # committed: the run goes on from there
         self.resources.views.extend(self._session.id, step.stored)
+        if step.stored:
+            self._last_seq = step.stored[-1].seq
         if self._known is not None:
             self._known += step.stored
         if self._settling is not None:
@@ -361,6 +370,8 @@ class TurnRunner:
         )
 
         async def stored() -> None:
+            if finish and await self._finish_turn(reply, usage):
+                return
             async with self.step() as step:
                 [record] = await step.append(
                     reply, add=counters, session_values={"last_request_at": runs.now()}
@@ -381,6 +392,60 @@ class TurnRunner:
         for kind, value in usage.items():
             metrics.model_tokens.labels(kind).inc(value)
         self.reply.take_partial()
+
+    async def _finish_turn(self, reply: MessageRecord, usage: dict[str, int]) -> bool:
+        """Store the final reply and complete the run in one statement
+        (`finishing.finish_turn`), when this run knows the session's message count (it
+        stored the last message). False when it does not, or the count moved (nothing
+        written): the caller takes the ordinary step."""
+        seen = self._last_seq
+        if seen is None or self.resources.db.is_sqlite:
+            return False
+        record = reply.with_(seq=seen + 1)
+        finished_at = runs.now()
+        # The row as the statement leaves it, reported before it runs (its event is
+        # stored by it): what `_end_in` would read back.
+        settled = RunOut.model_validate(
+            {
+                "id": self.run_id,
+                "session_id": self._session.id,
+                "kind": self.kind,
+                "status": RunStatus.COMPLETED,
+                "user_message_uuid": self._user_message_uuid,
+                "required_action": None,
+                "usage": self.run_usage,
+                "error": None,
+                "created_at": self._created_at,
+                "finished_at": finished_at,
+            }
+        )
+        try:
+            async with self.step() as step:
+                step.report("message.completed", message_payload(record))
+                step.report(f"run.{RunStatus.COMPLETED}", settled.model_dump(mode="json"))
+                events = step.log.final_events()
+                found = await finishing.finish_turn(
+                    step.db,
+                    tenant=self._session.tenant,
+                    reply=record,
+                    usage=usage,
+                    run_id=self.run_id,
+                    epoch=step.log.channel.epoch,
+                    run_usage=self.run_usage,
+                    state=self.state.model_dump(mode="json", exclude_defaults=True),
+                    finished_at=finished_at,
+                    events=events,
+                )
+                if found.has_endpoints or self.params.webhook_url:
+                    await outbox.enqueue(step.db, self.run_id, ((e.event, e.data) for e in events))
+                step.head = record.uuid
+                step.stored.append(record)
+                self.queued_next = found.queued_next
+                self._settling = settled
+        except finishing.Moved:
+            self._last_seq = None
+            return False
+        return True
 
     async def store_user(self, content: list[Block], *, is_meta: bool = False) -> None:
         message = self._message(content, type="user", role="user", is_meta=is_meta)
@@ -478,7 +543,7 @@ class TurnRunner:
             raise LostOwnership(f"run {self.run_id} was ended or taken elsewhere")
         step.log.webhooks = bool(run.has_endpoints or self.params.webhook_url)
         self.queued_next = bool(run.queued_next)
-        self._settling = run
+        self._settling = run_out(run)
         return run
 
     # --- ending --------------------------------------------------------------------
