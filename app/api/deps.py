@@ -13,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import auth
 from app.config import Settings
-from app.conversation import sessions
+from app.conversation import session_rows, sessions
+from app.conversation.session_rows import TurnSession
 from app.conversation.views import ChainCache
 from app.db import commit, rollback
 from app.engine.runtime import Runtime
@@ -129,12 +130,29 @@ async def count_turn(caller: CallerDep, runtime: RuntimeDep) -> None:
     await runtime.rates.hit(caller.key_id, limits.turns_per_minute or 0, "turns")
 
 
+def check_token_session(caller: auth.Caller, session_id: uuid.UUID) -> None:
+    """A browser token's own session only: any other is as absent as a missing one."""
+    if caller.session_id is not None and caller.session_id != session_id:
+        raise NotFound(f"Session {session_id} not found")
+
+
 async def load_session(
     db: DbDep, caller: CallerDep, session_id: Annotated[uuid.UUID, Path()]
 ) -> AgentSession:
-    if caller.session_id is not None and caller.session_id != session_id:
-        raise NotFound(f"Session {session_id} not found")
+    check_token_session(caller, session_id)
     return await sessions.get(db, caller.tenant, session_id)
 
 
+async def load_turn_session(
+    db: DbDep, caller: CallerDep, runtime: RuntimeDep, session_id: Annotated[uuid.UUID, Path()]
+) -> TurnSession:
+    """The session a turn is posted to, from the row this process keeps when it has it
+    (`session_rows`: the claim is guarded on its version)."""
+    check_token_session(caller, session_id)
+    return await session_rows.for_turn(
+        db, runtime.resources.session_rows, caller.tenant, session_id
+    )
+
+
 SessionDep = Annotated[AgentSession, Depends(load_session)]
+TurnSessionDep = Annotated[TurnSession, Depends(load_turn_session)]

@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.api.deps import AfterQuery, DbDep, RuntimeDep, SessionDep, count_turn
+from app.api.deps import AfterQuery, DbDep, RuntimeDep, SessionDep, TurnSessionDep, count_turn
 from app.conversation.payloads import run_out
 from app.domain import FINAL_RUN_STATUSES
 from app.engine import runs
@@ -52,7 +52,7 @@ TURN_RESPONSES = {
 async def post_turn(
     body: TurnIn,
     request: Request,
-    session: SessionDep,
+    session: TurnSessionDep,
     db: DbDep,
     runtime: RuntimeDep,
     idempotency_key: IdempotencyKey = None,
@@ -69,7 +69,8 @@ async def post_turn(
         await endpoints.check_turn_url(runtime.settings, body.webhook_url)
     run = await runtime.admission.post_turn(
         db,
-        session,
+        session.row,
+        version=session.version,
         content=body.content,
         parent_uuid=body.parent_uuid,
         if_busy=body.if_busy,

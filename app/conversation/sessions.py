@@ -101,7 +101,10 @@ def check_tool_names(tools: list[dict[str, Any]], builtin: Sequence[str]) -> Non
 
 async def get(db: AsyncSession, tenant: str, session_id: uuid.UUID) -> AgentSession:
     """The tenant's session; another tenant's is as absent as a missing one."""
-    session = await db.get(AgentSession, session_id)
+    return owned(await db.get(AgentSession, session_id), tenant, session_id)
+
+
+def owned(session: AgentSession | None, tenant: str, session_id: uuid.UUID) -> AgentSession:
     if session is None or session.tenant != tenant:
         raise NotFound(f"Session {session_id} not found")
     return session

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
 from app import metrics
-from app.conversation import history
+from app.conversation import history, sessions
 from app.conversation.payloads import result_events
 from app.db import after_commit, after_rollback
 from app.domain import (
@@ -104,9 +104,11 @@ class Admission:
         idempotency_key: str | None,
         digest: str,
         webhook_url: str | None = None,
+        version: str | None = None,
     ) -> Run:
         """The run of a posted turn: the one an idempotent retry already made, or a new
-        one, claimed (running) or queued."""
+        one, claimed (running) or queued. `version`: the session row's, when known
+        (`session_rows`)."""
         return await self.submit(
             db,
             session,
@@ -114,6 +116,7 @@ class Admission:
             if_busy=if_busy,
             idempotency_key=idempotency_key,
             digest=digest,
+            version=version,
         )
 
     async def regenerate(
@@ -152,10 +155,12 @@ class Admission:
         if_busy: IfBusy = IfBusy.REJECT,
         idempotency_key: str | None = None,
         digest: str = "",
+        version: str | None = None,
     ) -> Run:
         """The run this key already made, or: store the turn and claim the session, or
         queue it (`enqueue`), or cancel the active run first (`interrupt`). The run is
-        launched after the commit.
+        launched after the commit. `version`: the session row's as `session` shows it
+        (Postgres `xmin`), when known: the one-statement claim is guarded on it.
 
         Posts that look before they claim (for their key's run, for the active run) take
         the session row first, so racing posts are admitted one after another, each
@@ -164,7 +169,8 @@ class Admission:
         if params.parent_uuid is not None:
             await history.message(db, session.id, params.parent_uuid)
         run = self._new_run(session, kind, params, idempotency_key, digest)
-        if self._may_claim_at_once(db, session, run, if_busy):
+        at_once = self._may_claim_at_once(db, session, run, if_busy)
+        if at_once:
             await self.check_quotas(db, session)
             await self._check_running(db, session)
             claimed = await runs.claim_at_once(
@@ -173,12 +179,18 @@ class Admission:
                 run,
                 worker_id=self.resources.worker_id,
                 lease_seconds=self.resources.settings.run_lease_seconds,
+                version=version,
             )
             if claimed is not None:
                 self._launch_after_commit(db, run, session, claimed)
+                self._keep_after_commit(db, session, claimed)
                 return run
-            # Something changed since the session was read: look, then claim.
-            await db.refresh(session)
+            self.resources.session_rows.forget(session.id)
+        if at_once or version is not None:
+            # Read the row again: it changed since it was read, or it is a copy kept in
+            # memory (only the guarded claim above may start from one). Then look, claim.
+            found = await db.get(AgentSession, session.id, populate_existing=True)
+            session = sessions.owned(found, session.tenant, session.id)
         if if_busy == IfBusy.INTERRUPT:
             earlier = await self._interrupt(db, session, idempotency_key, digest)
             if earlier is not None:
@@ -222,6 +234,15 @@ class Admission:
         )
         self._launch_after_commit(db, run, session, claimed)
         return run
+
+    def _keep_after_commit(
+        self, db: AsyncSession, session: AgentSession, claimed: runs.Claimed
+    ) -> None:
+        """Keep the session row as the claim leaves it, for the next turn here."""
+        if claimed.version is None or claimed.record is None:
+            return
+        rows, version, at = self.resources.session_rows, claimed.version, claimed.record.created_at
+        after_commit(db, lambda: rows.keep(session, version, updated_at=at))
 
     @staticmethod
     def _new_run(

@@ -2,11 +2,11 @@
 session moved to it, the model call's usage counted, the run completed, its events
 stored and followers elsewhere told, in one round trip instead of six.
 
-It holds only while the session row is where the run left it (its message count): the
+It holds only while the session row is where the run left it: its message count (the
 reply's seq, and so every event reporting it, was chosen from that count before the
-statement ran. When anything else stored a message meanwhile nothing is written and the
-caller takes the ordinary step (`Moved`). The run row is fenced by the owner's epoch as
-every write of the owner is (`LostOwnership`).
+statement ran) and, when the run knows it, its version (`session_rows`). Otherwise
+nothing is written and the caller takes the ordinary step (`Moved`). The run row is
+fenced by the owner's epoch as every write of the owner is (`LostOwnership`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class Moved(Exception):
 class Finished:
     queued_next: bool  # a queued turn waits for the session
     has_endpoints: bool  # the tenant has webhook endpoints
+    version: str  # the session row's (`xmin`) as the statement left it
 
 
 async def finish_turn(
@@ -47,15 +48,18 @@ async def finish_turn(
     state: dict[str, Any],
     finished_at: datetime,
     events: list[StoredEvent],
+    version: str | None = None,
 ) -> Finished:
     """Run `FINISH_TURN` in the caller's transaction. `reply` carries the seq after the
     session's message count as the run left it; `events` end with the one reporting the
-    run's end."""
+    run's end. With `version` the session row must also still be at that version
+    (`session_rows`)."""
     seen_seq = reply.seq - 1
     last = events[-1].seq
     params: dict[str, Any] = {
         "session_id": reply.session_id,
         "seen_seq": seen_seq,
+        "seen_version": version,
         "now": finished_at,
         **{f"add_{name}": usage.get(name, 0) for name in USAGE_COUNTERS},
         **{f"m_{name}": value for name, value in reply.values().items()},
@@ -82,7 +86,7 @@ async def finish_turn(
         raise Moved(f"session {reply.session_id} has moved past message {seen_seq}")
     if not row.settled:  # the session row did move: the caller's rollback undoes it
         raise LostOwnership(f"run {run_id} was ended or taken elsewhere")
-    return Finished(queued_next=row.queued_next, has_endpoints=row.has_endpoints)
+    return Finished(row.queued_next, row.has_endpoints, row.version)
 
 
 # The session row moves only while it still has the run's message count; the run row
@@ -100,7 +104,8 @@ FINISH_TURN = text(
             cache_creation_input_tokens =
                 cache_creation_input_tokens + :add_cache_creation_input_tokens
         WHERE id = :session_id AND message_seq = :seen_seq
-        RETURNING id
+          AND (CAST(:seen_version AS text) IS NULL OR xmin::text = :seen_version)
+        RETURNING id, xmin::text AS version
     ), settled AS (
         UPDATE runs
         SET status = 'completed', error = CAST('null' AS jsonb),
@@ -138,6 +143,7 @@ FINISH_TURN = text(
         ) AS e(seq, event, data)
     )
     SELECT EXISTS (SELECT 1 FROM moved) AS moved,
+           (SELECT version FROM moved) AS version,
            EXISTS (SELECT 1 FROM settled) AS settled,
            EXISTS (
                SELECT 1 FROM runs

@@ -133,6 +133,9 @@ class TurnRunner:
         # The session's message count as this run left it (the seq of the last message it
         # stored), when known: the final step may then be one statement.
         self._last_seq: int | None = None
+        # The session row's version as this run's claim left it (`session_rows`), until
+        # a step of the run writes the row again.
+        self._version = claimed.version if claimed is not None else None
         if claimed is not None:
             self._known = [] if claimed.record is None else [claimed.record]
             self._last_seq = claimed.record.seq if claimed.record is not None else None
@@ -185,6 +188,7 @@ class TurnRunner:
         self.resources.views.extend(self._session.id, step.stored)
         if step.stored:
             self._last_seq = step.stored[-1].seq
+        self._version = None
         if self._known is not None:
             self._known += step.stored
         if self._settling is not None:
@@ -398,7 +402,7 @@ class TurnRunner:
         (`finishing.finish_turn`), when this run knows the session's message count (it
         stored the last message). False when it does not, or the count moved (nothing
         written): the caller takes the ordinary step."""
-        seen = self._last_seq
+        seen, version = self._last_seq, self._version
         if seen is None or self.resources.db.is_sqlite:
             return False
         record = reply.with_(seq=seen + 1)
@@ -435,6 +439,7 @@ class TurnRunner:
                     state=self.state.model_dump(mode="json", exclude_defaults=True),
                     finished_at=finished_at,
                     events=events,
+                    version=version,
                 )
                 if found.has_endpoints or self.params.webhook_url:
                     await outbox.enqueue(step.db, self.run_id, ((e.event, e.data) for e in events))
@@ -444,7 +449,19 @@ class TurnRunner:
                 self._settling = settled
         except finishing.Moved:
             self._last_seq = None
+            self.resources.session_rows.forget(self._session.id)
             return False
+        if version is not None:  # the row as it was at `version`, and what the step set
+            session = self._session
+            self.resources.session_rows.keep(
+                session,
+                found.version,
+                message_seq=record.seq,
+                head_uuid=record.uuid,
+                updated_at=finished_at,
+                last_request_at=finished_at,
+                **{name: getattr(session, name) + usage.get(name, 0) for name in USAGE_COUNTERS},
+            )
         return True
 
     async def store_user(self, content: list[Block], *, is_meta: bool = False) -> None:

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from app.config import Settings
+from app.conversation.session_rows import SessionRows
 from app.conversation.views import ChainCache
 from app.db import Database, make_engine
 from app.engine.events import EventHub
@@ -55,6 +56,7 @@ class Resources:
     hooks: list[CompactionHooks] = field(default_factory=list)
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     compaction_skips: CompactionSkips = field(default_factory=CompactionSkips)
+    session_rows: SessionRows = field(default_factory=SessionRows)
 
     @classmethod
     def of(cls, settings: Settings) -> Resources:

@@ -180,6 +180,8 @@ class Claimed:
 
     record: MessageRecord | None
     events: list[StoredEvent]
+    # The session row's version (`xmin`) as a claim guarded on the version left it.
+    version: str | None = None
 
 
 async def claim(
@@ -220,12 +222,14 @@ async def claim_at_once(
     *,
     worker_id: str,
     lease_seconds: float,
+    version: str | None = None,
 ) -> Claimed | None:
     """`claim` of a new turn as one statement (Postgres), guarded on the session as it
-    was read (`session`: its head and message count) with no active run and no run of
-    the turn's idempotency key. None when the guard fails (something changed since the
-    read, another run is active, a retry): nothing is written, and the caller takes the
-    careful path (`claim`, after looking)."""
+    was read (`session`: its head and message count, and its row version when given)
+    with no active run and no run of the turn's idempotency key. None when the guard
+    fails (something changed since the read, another run is active, a retry): nothing
+    is written, and the caller takes the careful path (`claim`, after looking). With
+    `version`, the claim carries the row's new one."""
     assert run.params.content is not None
     assert run.params.parent_uuid is None
     seen_head, seen_seq, epoch = session.head_uuid, session.message_seq, run.epoch
@@ -235,6 +239,7 @@ async def claim_at_once(
         "session_id": session.id,
         "seen_head": seen_head,
         "seen_seq": seen_seq,
+        "seen_version": version,
         "key": run.idempotency_key,
         "now": record.created_at,
         "m_uuid": record.uuid,
@@ -269,7 +274,9 @@ async def claim_at_once(
         run.status, run.epoch, run.started_at = RunStatus.QUEUED, epoch, None
         return None
     set_committed_value(session, "message_seq", record.seq)
-    return claimed
+    if version is None:
+        return claimed
+    return Claimed(claimed.record, claimed.events, found.version)
 
 
 # `claim_at_once`: the session row moves to the new message only while it is as it was
@@ -283,6 +290,7 @@ CLAIM_AT_ONCE = text(
         WHERE id = :session_id
           AND message_seq = :seen_seq
           AND head_uuid IS NOT DISTINCT FROM CAST(:seen_head AS uuid)
+          AND (CAST(:seen_version AS text) IS NULL OR xmin::text = :seen_version)
           AND NOT EXISTS (
               SELECT 1 FROM runs
               WHERE session_id = :session_id AND status IN ('running', 'requires_action')
@@ -291,7 +299,7 @@ CLAIM_AT_ONCE = text(
               SELECT 1 FROM runs
               WHERE session_id = :session_id AND idempotency_key = CAST(:key AS varchar)
           )
-        RETURNING id
+        RETURNING id, xmin::text AS version
     ), message AS (
         INSERT INTO messages (
             uuid, session_id, seq, parent_uuid, type, role, content, is_meta,
@@ -317,7 +325,7 @@ CLAIM_AT_ONCE = text(
             CAST(:e_seqs AS bigint[]), CAST(:e_names AS text[]), CAST(:e_data AS text[])
         ) AS e(seq, event, data)
     )
-    SELECT id FROM claimed
+    SELECT id, version FROM claimed
     """
 )
 

@@ -1,0 +1,102 @@
+"""Session rows as this process last read or wrote them, each with its version
+(Postgres `xmin`: it changes with every write of the row), so a turn posted to a
+session served here starts without reading the row.
+
+A kept row is always an exact pair: values and the version they were read with, or the
+values a write guarded on the version before it left the row in (`runs.claim_at_once`,
+`finishing.finish_turn`). Those writes only hold while the row still has the version
+the request started from, so a row changed anywhere else (another replica's PATCH, a
+delete, any write that does not keep its row here) fails the guard, writes nothing,
+and the turn takes the careful path, which reads the row. Per process, least recently
+used out first, bounded in bytes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import String, Table, literal_column, select
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import make_transient_to_detached
+
+from app.conversation import sessions
+from app.conversation.views import footprint
+from app.models import AgentSession
+
+sessions_t = cast(Table, AgentSession.__table__)
+# The mapped attributes of a session row (`meta` is the `metadata` column).
+ATTRIBUTES = tuple(column.key for column in AgentSession.__mapper__.column_attrs)
+_READ = select(AgentSession, literal_column("agent_sessions.xmin::text", String))
+
+
+@dataclass(frozen=True, slots=True)
+class KeptRow:
+    values: dict[str, Any]  # by attribute; JSON values are replaced whole, never mutated
+    version: str
+    size: int  # bytes, roughly (`footprint`)
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSession:
+    """The session a turn is posted to and the version it was read at (None: not known,
+    SQLite)."""
+
+    row: AgentSession
+    version: str | None
+
+
+class SessionRows:
+    def __init__(self, max_bytes: int = 32 * 2**20) -> None:
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[uuid.UUID, KeptRow] = OrderedDict()
+        self.size = 0
+
+    def get(self, session_id: uuid.UUID) -> KeptRow | None:
+        kept = self.entries.get(session_id)
+        if kept is not None:
+            self.entries.move_to_end(session_id)
+        return kept
+
+    def keep(self, session: AgentSession, version: str, **changes: Any) -> None:
+        """Keep `session`'s values with `changes` applied, as of row version `version`."""
+        values = {name: getattr(session, name) for name in ATTRIBUTES}
+        values.update(changes)
+        size = 1_000 + footprint([values["system"], values["tools"], values["meta"]])
+        self.forget(session.id)
+        if size > self.max_bytes:
+            return
+        self.entries[session.id] = KeptRow(values, version, size)
+        self.size += size
+        while self.size > self.max_bytes:
+            _, evicted = self.entries.popitem(last=False)
+            self.size -= evicted.size
+
+    def forget(self, session_id: uuid.UUID) -> None:
+        old = self.entries.pop(session_id, None)
+        if old is not None:
+            self.size -= old.size
+
+
+async def for_turn(
+    db: AsyncSession, rows: SessionRows, tenant: str, session_id: uuid.UUID
+) -> TurnSession:
+    """The tenant's session for a posted turn: its kept row when there is one (no read),
+    or the row read with its version (kept for the next turn). A kept row that sets a
+    token budget is read again: a stale budget must never refuse a turn."""
+    if db.get_bind().dialect.name != "postgresql":
+        return TurnSession(await sessions.get(db, tenant, session_id), None)
+    kept = rows.get(session_id)
+    if kept is not None and kept.values["token_budget"] is None:
+        # Its tenant is checked on the kept row: a session's tenant never changes.
+        session = sessions.owned(AgentSession(**kept.values), tenant, session_id)
+        make_transient_to_detached(session)  # as if loaded: nothing to flush
+        db.add(session)
+        return TurnSession(session, kept.version)
+    found = (await db.execute(_READ.where(sessions_t.c.id == session_id))).first()
+    read, version = found if found is not None else (None, "")
+    session = sessions.owned(read, tenant, session_id)
+    rows.keep(session, version)
+    return TurnSession(session, version)
