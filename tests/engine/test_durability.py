@@ -10,10 +10,9 @@ import asyncio
 import itertools
 import json
 import uuid
-from typing import Any
 
 import pytest
-from sqlalchemy import event, text, update
+from sqlalchemy import text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics
@@ -27,6 +26,7 @@ from app.errors import Unavailable
 from app.models import Run
 from tests.engine.conftest import Harness, MakeHarness
 from tests.engine.scripted import Gate, ScriptedModel, held, reply, tool_use
+from tests.statements import recorded
 
 
 async def reached(gate: Gate) -> None:
@@ -211,16 +211,8 @@ async def test_one_flush_stores_the_deltas_of_every_run_each_fenced(
     async with h.db.transaction() as db:
         await db.execute(update(Run).where(Run.id == taken.id).values(epoch=Run.epoch + 1))
 
-    statements: list[str] = []
-
-    def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
-
-    event.listen(engine.sync_engine, "before_cursor_execute", count)
-    try:
+    with recorded(engine) as statements:
         await hub._flush_batch()
-    finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", count)
     if not h.db.is_sqlite:
         assert len(statements) == 1
     for name, run in zip("abc", claimed, strict=True):

@@ -5,11 +5,8 @@ an owner that lost the run writes nothing of its end."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
 
-from sqlalchemy import event, func, select, update
+from sqlalchemy import func, select, update
 
 from app.conversation import store
 from app.conversation.payloads import message_payload, run_json
@@ -18,24 +15,9 @@ from app.engine.quotas.budgets import INPUT_COUNTERS
 from app.models import AgentSession, Message, Run, TokenUsage
 from tests.engine.conftest import Harness, Outcome, assert_gap_free
 from tests.engine.scripted import ScriptedModel, held, reply, tool_use
+from tests.statements import recorded
 
 FINISH_MARK = "WITH moved AS"  # the head of `finishing.FINISH_TURN`
-
-
-@contextmanager
-def statements(h: Harness) -> Iterator[list[str]]:
-    """The SQL statements the harness's engine runs meanwhile."""
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    engine = h.db.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
 
 
 def finished_at_once(seen: list[str]) -> int:
@@ -93,7 +75,7 @@ async def test_the_final_step_stores_what_it_reports(h: Harness, model: Scripted
     )
     session = await h.new_session(builtin_tools=["Write"])
     for text in ("first", "second"):
-        with statements(h) as seen:
+        with recorded(h.db.engine) as seen:
             out = await h.settle((await h.start(session.id, text)).id)
         assert finished_at_once(seen) == 1, "the end was one statement"
         await assert_stored_as_reported(h, session, out)
@@ -106,7 +88,7 @@ async def test_a_session_that_moved_takes_the_ordinary_step(
     gate = held(reply("the reply"), after=1)
     model.script(gate)
     session = await h.new_session()
-    with statements(h) as seen:
+    with recorded(h.db.engine) as seen:
         run = await h.start(session.id, "go")
         await asyncio.wait_for(gate.reached.wait(), 10)
         async with h.db.transaction() as db:  # a seq taken by something else

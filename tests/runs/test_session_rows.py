@@ -5,35 +5,20 @@ the row's version fails and the turn reads the row."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
-from sqlalchemy import event, func, select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.models import Message, Run
 from tests.conftest import LiveServer, live_server, on_fake
 from tests.fake_anthropic import FakeAnthropic, items
 from tests.runs.helpers import all_accepted, new_session
+from tests.statements import recorded
 
 SESSION_READ = "FROM agent_sessions"  # any SELECT of the row (the claim's UPDATE is not)
-
-
-@contextmanager
-def statements(server: LiveServer) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement)
-
-    engine = server.runtime.db.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
 
 
 def session_reads(seen: list[str]) -> list[str]:
@@ -70,7 +55,7 @@ async def test_a_turn_on_a_session_served_here_reads_no_session_row(
         fake.script(items.message("one"), items.message("two"), items.message("three"))
         await turn(client, sid, "first")
         for text in ("second", "third"):
-            with statements(live_fake) as seen:
+            with recorded(live_fake.runtime.db.engine) as seen:
                 await turn(client, sid, text)
             assert session_reads(seen) == [], "the kept row stood in for the read"
         assert systems(fake) == ["Be brief."] * 3
@@ -89,7 +74,7 @@ async def test_settings_changed_through_another_replica_are_used(
         assert patched.status_code == 200, patched.text
         reads = []
         for text in ("second", "third", "fourth"):
-            with statements(one) as seen:
+            with recorded(one.runtime.db.engine) as seen:
                 await turn(a, sid, text)
             reads.append(len(session_reads(seen)))
         # The guard failed and the row was read; the turn after reads it with its
