@@ -27,7 +27,9 @@ from app.schemas import Text
 AfterQuery = Annotated[Text | None, Query(max_length=MAX_CURSOR_CHARS)]
 
 
-def get_runtime(request: Request) -> Runtime:
+# The dependencies are coroutines, even those that do no I/O: FastAPI runs a plain
+# function in its thread pool, a thread hop per request for nothing.
+async def get_runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
 
@@ -35,11 +37,11 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_settings(runtime: RuntimeDep) -> Settings:
+async def get_settings(runtime: RuntimeDep) -> Settings:
     return runtime.settings
 
 
-def get_views(runtime: RuntimeDep) -> ChainCache:
+async def get_views(runtime: RuntimeDep) -> ChainCache:
     return runtime.views
 
 

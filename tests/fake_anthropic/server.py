@@ -505,6 +505,8 @@ async def _parse_request(
     record: dict[str, Any] = {
         "path": request.url.path,
         "request_id": rid,
+        # The client's end of the TCP connection: requests sharing one came over it.
+        "peer": request.client.port if request.client is not None else None,
         "time": time.time(),
         "headers": {
             k: v

@@ -29,6 +29,7 @@ from app.engine.llm.events import (
 )
 from app.engine.llm.offline import OfflineModel
 from app.engine.llm.provider import make_model_client
+from tests.fake_anthropic import FakeAnthropic, items
 
 BODY: dict[str, Any] = {
     "model": "claude-sonnet-4-5",
@@ -572,3 +573,20 @@ async def test_make_model_client_follows_the_provider() -> None:
         assert isinstance(online, AnthropicClient)
     finally:
         await online.aclose()
+
+
+async def test_consecutive_streams_share_one_connection(fake: FakeAnthropic) -> None:
+    """A stream read to `message_stop` leaves its connection to the next call (one
+    closed before its end of body would be dropped, and every call would connect)."""
+    fake.script(items.message("one"), items.message("two"), items.message("three"))
+    client = AnthropicClient(api_key="sk-ant-test", base_url=fake.base_url, timeout=5)
+    try:
+        for _ in range(3):
+            async with aclosing(client.stream(BODY)) as stream:
+                events = [event async for event in stream]
+            assert isinstance(events[-1], MessageDone)
+    finally:
+        await client.aclose()
+    peers = [record["peer"] for record in fake.records[-3:]]
+    assert None not in peers
+    assert len(set(peers)) == 1, peers

@@ -13,13 +13,18 @@ agent loop can tell the client to discard a partially shown message first.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .assembler import MessageAssembler
 from .errors import ModelError, error_from_body, error_from_exception
 from .events import StreamEvent
+
+# How long a finished stream's end of body is waited for (it follows at once).
+END_OF_BODY_SECONDS = 1.0
 
 if TYPE_CHECKING:
     import anthropic
@@ -106,6 +111,7 @@ class AnthropicClient:
         response = opened.response
         assembler = MessageAssembler(response.headers.get("request-id"))
         raw_events = AsyncStream.raw_events(response)
+        stopped = False  # message_stop arrived
         try:
             async for sse in raw_events:
                 data = sse.data
@@ -124,6 +130,7 @@ class AnthropicClient:
                 if out is None:
                     continue
                 if isinstance(out, list):
+                    stopped = True
                     for item in out:
                         yield item
                     return
@@ -135,6 +142,8 @@ class AnthropicClient:
             error.request_id = error.request_id or assembler.request_id
             raise error from exc
         finally:
+            if stopped:
+                await _read_to_end(raw_events)
             # Close the decoder generators now rather than whenever they are collected.
             close = getattr(raw_events, "aclose", None)
             if close is not None:
@@ -153,6 +162,16 @@ class AnthropicClient:
 
     async def aclose(self) -> None:
         await self._sdk.close()
+
+
+async def _read_to_end(events: AsyncIterator[Any]) -> None:
+    """Read what follows `message_stop` (the end of the body) for a moment: a response
+    read to its end leaves its connection to the next call, one closed before is
+    dropped, and the next call pays a new connection (and TLS handshake)."""
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(END_OF_BODY_SECONDS):
+            async for _ in events:
+                pass
 
 
 def _encode(payload: dict[str, Any]) -> bytes:
