@@ -337,14 +337,16 @@ class EventHub:
         self.channels.pop(run_id, None)
         channel.publish(None)
 
-    def emit_nowait(self, run_id: uuid.UUID, event: str, data: Any) -> None:
+    def emit_nowait(self, run_id: uuid.UUID, event: str, data: Any) -> bool:
         """A delta: published at once (or once its id is reserved), stored within
-        `flush_seconds`."""
+        `flush_seconds`. Whether it was handed to a follower now."""
         channel = self.channels[run_id]
         stored = channel.take_seq(event, data)
         channel.unwritten.append(stored)
+        handed = False
         if stored.seq <= channel.reserved and not channel.held:
             channel.publish(stored)
+            handed = bool(channel.subscribers)
         else:
             channel.held.append(stored)
         if (
@@ -355,6 +357,7 @@ class EventHub:
             channel.reserving = asyncio.create_task(self._reserve_ahead(channel))
         self._dirty[run_id] = channel
         self._arm_flush()
+        return handed
 
     async def reserve(self, run_id: uuid.UUID, **run_values: Any) -> None:
         """Reserve the next block of ids in the run row (with `run_values`) before they

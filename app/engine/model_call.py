@@ -99,28 +99,29 @@ class ReplyStream:
         )
         return self.partial.uuid, done
 
-    def _on_event(self, event: StreamEvent) -> None:
+    def _on_event(self, event: StreamEvent) -> bool:
+        """Report `event`; whether a follower was handed it."""
         partial = self.partial
         assert partial is not None
         key = str(partial.uuid)
         emit = self.events.emit_nowait
         if isinstance(event, TextDelta):
             partial.texts.setdefault(event.index, []).append(event.text)
-            emit(
+            return emit(
                 self.run_id,
                 "text.delta",
                 {"message_uuid": key, "index": event.index, "text": event.text},
             )
-        elif isinstance(event, ThinkingDelta):
-            emit(
+        if isinstance(event, ThinkingDelta):
+            return emit(
                 self.run_id,
                 "thinking.delta",
                 {"message_uuid": key, "index": event.index, "thinking": event.thinking},
             )
-        elif isinstance(event, ToolUseReady):
+        if isinstance(event, ToolUseReady):
             partial.tool_uses[event.index] = event.block
             block = event.block
-            emit(
+            return emit(
                 self.run_id,
                 "tool_use",
                 {
@@ -130,13 +131,14 @@ class ReplyStream:
                     "input": block["input"],
                 },
             )
-        elif isinstance(event, MessageStart):
+        if isinstance(event, MessageStart):
             partial.started = True
-            emit(
+            return emit(
                 self.run_id,
                 "message.started",
                 {"uuid": key, "role": "assistant", "model": event.model},
             )
+        return False
 
     async def _on_failure(self, exc: ModelError) -> None:
         partial = self.partial

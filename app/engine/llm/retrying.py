@@ -35,12 +35,15 @@ async def stream_with_retries(
     body: dict[str, Any],
     policy: RetryPolicy,
     *,
-    on_event: Callable[[StreamEvent], None] | None = None,
+    on_event: Callable[[StreamEvent], bool] | None = None,
     on_failure: Callable[[ModelError], Awaitable[None]] | None = None,
     on_attempt: Callable[[], None] | None = None,
 ) -> MessageDone:
     """Stream `body` until a whole message arrives. `on_event` sees every event of every
-    attempt; `on_failure` hears of each failed attempt (before a retry, or before the
+    attempt, and says whether it woke someone (then they run before the next event: a
+    stream whose events are already buffered would otherwise hold the event loop until
+    it waits for I/O, and the first delta would reach a client only after the last was
+    read); `on_failure` hears of each failed attempt (before a retry, or before the
     error is raised) so a caller can withdraw what it showed; `on_attempt` counts calls.
     A "prompt is too long" answer is raised at once: only compacting can help."""
     attempt = 0
@@ -49,8 +52,8 @@ async def stream_with_retries(
             done: MessageDone | None = None
             try:
                 async for event in llm.stream(body):
-                    if on_event is not None:
-                        on_event(event)
+                    if on_event is not None and on_event(event):
+                        await asyncio.sleep(0)
                     if isinstance(event, MessageDone):
                         done = event
             finally:
