@@ -233,3 +233,42 @@ async def test_a_one_statement_claim_losing_to_a_committing_claim_is_a_conflict(
     assert await count(h, Run, id=turn.id) == 0
     assert await count(h, Message, session_id=session.id) == messages
     assert (await h.active_run(session.id)) is not None
+
+
+async def test_a_follower_is_sent_each_delta_before_a_buffered_stream_is_read_on(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """Model events that arrive together (read from a buffer, with no wait between
+    them) do not hold a follower back until the last is read."""
+    gate = held(LONG, after=1)  # after the gate, every event at once
+    model.script(gate)
+    read = 0
+    scripted = model.stream
+
+    async def counted(body: dict[str, Any]) -> Any:
+        nonlocal read
+        async for event in scripted(body):
+            read += 1
+            yield event
+
+    model.stream = counted  # type: ignore[method-assign]
+    session = await h.new_session()
+    run = await h.start(session.id, "hi")
+    await asyncio.wait_for(gate.reached.wait(), 10)
+    inbox = subscribe(h, run.id)
+    heard_at: list[int] = []
+
+    async def follow() -> None:
+        while (event := await inbox.get()) is not None:
+            if event.event == "text.delta":
+                heard_at.append(read)
+
+    follower = asyncio.create_task(follow())
+    gate.release()
+    out = await h.settle(run.id)
+    await asyncio.wait_for(follower, 10)
+    assert out.run.status == RunStatus.COMPLETED
+    deltas = len(out.of("text.delta"))
+    assert len(heard_at) == deltas > 2
+    assert heard_at[0] < read, "the first delta went out before the stream was read"
+    assert heard_at == sorted(set(heard_at)), "each delta before the next was read"
