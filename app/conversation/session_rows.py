@@ -29,6 +29,7 @@ from app.models import AgentSession
 sessions_t = cast(Table, AgentSession.__table__)
 # The mapped attributes of a session row (`meta` is the `metadata` column).
 ATTRIBUTES = tuple(column.key for column in AgentSession.__mapper__.column_attrs)
+LARGE = ("system", "tools", "meta", "compaction")  # what may make a row weigh much
 _READ = select(AgentSession, literal_column("agent_sessions.xmin::text", String))
 
 
@@ -36,7 +37,8 @@ _READ = select(AgentSession, literal_column("agent_sessions.xmin::text", String)
 class KeptRow:
     values: dict[str, Any]  # by attribute; JSON values are replaced whole, never mutated
     version: str
-    size: int  # bytes, roughly (`footprint`)
+    size: int  # bytes, roughly (`footprint` of the `LARGE` values)
+    large: list[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +66,16 @@ class SessionRows:
         """Keep `session`'s values with `changes` applied, as of row version `version`."""
         values = {name: getattr(session, name) for name in ATTRIBUTES}
         values.update(changes)
-        size = 1_000 + footprint([values["system"], values["tools"], values["meta"]])
+        large = [values[name] for name in LARGE]
+        old = self.entries.get(session.id)
+        if old is not None and all(a is b for a, b in zip(large, old.large, strict=True)):
+            size = old.size  # the same objects (a copy made from the kept row): not walked
+        else:
+            size = 1_000 + footprint(large)
         self.forget(session.id)
         if size > self.max_bytes:
             return
-        self.entries[session.id] = KeptRow(values, version, size)
+        self.entries[session.id] = KeptRow(values, version, size, large)
         self.size += size
         while self.size > self.max_bytes:
             _, evicted = self.entries.popitem(last=False)
