@@ -15,10 +15,12 @@ from typing import Any
 
 import httpx2
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from app.config import Settings
 from app.engine.llm.assembler import MessageAssembler
-from app.engine.llm.client import AnthropicClient
+from app.engine.llm.client import AnthropicClient, _encode
 from app.engine.llm.errors import ModelError, PromptTooLong
 from app.engine.llm.events import (
     MessageDone,
@@ -590,3 +592,30 @@ async def test_consecutive_streams_share_one_connection(fake: FakeAnthropic) -> 
     peers = [record["peer"] for record in fake.records[-3:]]
     assert None not in peers
     assert len(set(peers)) == 1, peers
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.text(st.characters(exclude_categories=["Cs"])),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5))
+def test_a_request_body_is_the_compact_utf8_json_of_the_standard_library(
+    payload: dict[str, Any],
+) -> None:
+    stdlib = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    assert _encode(payload) == stdlib.encode()
+
+
+def test_a_body_orjson_refuses_is_still_encoded() -> None:
+    """A lone surrogate (from some client's JSON) is escaped; an integer past 64 bits is
+    written as is."""
+    payload = {"text": "a\ud800b", "n": 2**70}
+    body = _encode(payload)
+    assert json.loads(body) == payload
+    assert b"\\ud800" in body
