@@ -1,6 +1,6 @@
 """The last step of a plain turn as one statement (Postgres): the final reply stored, the
 session moved to it, the model call's usage counted, the run completed, its events
-stored and followers elsewhere told, in one round trip instead of six.
+stored and followers elsewhere told, in one statement instead of five.
 
 It holds only while the session row is where the run left it: its message count (the
 reply's seq, and so every event reporting it, was chosen from that count before the
