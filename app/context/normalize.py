@@ -32,12 +32,15 @@ service itself produced. What it does, in order:
 The output is a fresh list of fresh message dicts with fresh content lists; the block
 dicts inside are the stored ones unless changed, so treat them as read-only. The
 result is a fixed point: normalising it again changes nothing. One pass, linear in
-the number of blocks.
+the number of blocks; with a `MergeMemo`, linear in the blocks new since the view the
+memo last saw, when the view extends it (the next turn of a conversation), plus a pass
+over the messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.context.blocks import is_blank_text, is_internal
@@ -69,7 +72,9 @@ def missing_result(tool_use_id: str) -> Block:
 
 
 class _Group:
-    """One API message being built: merged rows of the same role."""
+    """One API message being built: merged rows of the same role. Only `_merge_rows`
+    extends one, while it is the last; after that a change makes a new group (a memo
+    may share it with later views)."""
 
     __slots__ = ("other", "results", "role", "uses", "uuids")
 
@@ -80,8 +85,38 @@ class _Group:
         self.uses: list[str] = []  # assistant: tool_use ids, in order
         self.uuids: list[str] = []
 
+    def copy(self, **lists: list[Any]) -> _Group:
+        """A new group with the same lists copied, or replaced by `lists`."""
+        group = _Group(self.role)
+        group.results = lists.get("results", list(self.results))
+        group.other = lists.get("other", list(self.other))
+        group.uses = lists.get("uses", list(self.uses))
+        group.uuids = lists.get("uuids", list(self.uuids))
+        return group
+
     def content(self) -> list[Block]:
-        return self.results + self.other if self.results else self.other
+        return [*self.results, *self.other]
+
+
+@dataclass
+class MergeMemo:
+    """Where the last view normalised with this memo left steps 1-3 (its rows, merged),
+    so that normalising a view that extends it (the same rows, then more: the next turn
+    of a conversation) goes on from there instead of from the first row. Any other view
+    is normalised from the start and becomes the memo's. Holds references, not copies:
+    the rows' blocks, and groups that are never changed once kept."""
+
+    nodes: tuple[Node, ...] = ()
+    groups: list[_Group] = field(default_factory=list)
+    seen_uses: frozenset[str] = frozenset()
+
+    def resumes(self, nodes: Sequence[Node]) -> bool:
+        kept = self.nodes
+        return (
+            0 < len(kept) <= len(nodes)
+            and kept[-1] is nodes[len(kept) - 1]
+            and all(a is b for a, b in zip(kept, nodes, strict=False))
+        )
 
 
 def _without_cache_control(block: Block) -> Block:
@@ -156,12 +191,19 @@ def _add_blocks(group: _Group, content: Any, seen_uses: set[str]) -> bool:
     return added
 
 
-def _merge_rows(nodes: Sequence[Node]) -> list[_Group]:
-    """Steps 1-3 without pairing: visible rows, cleaned, same-role runs merged."""
+def _merge_rows(nodes: Sequence[Node], memo: MergeMemo | None = None) -> list[_Group]:
+    """Steps 1-3 without pairing: visible rows, cleaned, same-role runs merged. With a
+    `memo` of a view that `nodes` extends, from where that view ended (its last group
+    copied: the new rows may extend it); the memo then holds `nodes`."""
     groups: list[_Group] = []
     seen_uses: set[str] = set()
-    last: _Group | None = None
-    for node in nodes:
+    start = 0
+    if memo is not None and memo.resumes(nodes):
+        start = len(memo.nodes)
+        groups = [*memo.groups[:-1], memo.groups[-1].copy()] if memo.groups else []
+        seen_uses = set(memo.seen_uses)
+    last: _Group | None = groups[-1] if groups else None
+    for node in nodes[start:]:
         if is_internal(node):
             continue
         role = node.role or USER
@@ -171,14 +213,16 @@ def _merge_rows(nodes: Sequence[Node]) -> list[_Group]:
             if group is not last:
                 groups.append(group)
                 last = group
+    if memo is not None:
+        memo.nodes, memo.groups, memo.seen_uses = tuple(nodes), groups, frozenset(seen_uses)
     return groups
 
 
-def _answer(group: _Group, uses: list[str]) -> None:
-    """Keep the first result for each of `uses`, drop the rest, add placeholders."""
+def _answered(group: _Group, uses: list[str]) -> _Group:
+    """The user group with the first result for each of `uses` kept, the rest dropped
+    and placeholders added (`group` itself when that changes nothing)."""
     if not uses:
-        group.results = []
-        return
+        return group.copy(results=[]) if group.results else group
     wanted = set(uses)
     answered: set[str] = set()
     kept: list[Block] = []
@@ -189,26 +233,29 @@ def _answer(group: _Group, uses: list[str]) -> None:
             kept.append(block)
     if len(answered) < len(wanted):
         kept.extend(missing_result(u) for u in uses if u not in answered)
-    group.results = kept
+    return group.copy(results=kept)
 
 
 def _pair(groups: list[_Group]) -> list[_Group]:
     """Steps 4-5: answer every tool_use in the next message, drop emptied user messages
-    and merge the assistant messages that then touch."""
+    and merge the assistant messages that then touch (into new groups: `groups` are
+    left as they are)."""
     out: list[_Group] = []
     for group in groups:
         last = out[-1] if out else None
         if group.role == ASSISTANT:
             if last is not None and last.role == ASSISTANT:
-                last.other.extend(group.other)
-                last.uses.extend(group.uses)
-                last.uuids.extend(group.uuids)
+                out[-1] = last.copy(
+                    other=last.other + group.other,
+                    uses=last.uses + group.uses,
+                    uuids=last.uuids + group.uuids,
+                )
             else:
                 out.append(group)
             continue
-        _answer(group, last.uses if last is not None else [])
-        if group.results or group.other:
-            out.append(group)
+        answered = _answered(group, last.uses if last is not None else [])
+        if answered.results or answered.other:
+            out.append(answered)
     if out and out[-1].role == ASSISTANT and out[-1].uses:
         answer = _Group(USER)
         answer.results = [missing_result(u) for u in out[-1].uses]
@@ -221,28 +268,26 @@ THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
 
 def _as_prefill(out: list[_Group]) -> None:
     """A final assistant message: thinking blocks out (dropped when nothing else is
-    left), trailing whitespace stripped."""
-    group = out[-1]
-    if any(block.get("type") in THINKING_TYPES for block in group.other):
-        group.other = [b for b in group.other if b.get("type") not in THINKING_TYPES]
-        if not group.other:
+    left), trailing whitespace stripped (in a new group)."""
+    other = out[-1].other
+    if any(block.get("type") in THINKING_TYPES for block in other):
+        other = [b for b in other if b.get("type") not in THINKING_TYPES]
+        if not other:
             out.pop()
             return
-    _strip_final_whitespace(group)
-
-
-def _strip_final_whitespace(group: _Group) -> None:
-    last = group.other[-1] if group.other else None
+    last = other[-1] if other else None
     if last is not None and last.get("type") == "text":
         text = last["text"]
         stripped = text.rstrip()
         if stripped != text:
-            group.other[-1] = {**last, "text": stripped}
+            other = [*other[:-1], {**last, "text": stripped}]
+    if other is not out[-1].other:
+        out[-1] = out[-1].copy(other=other)
 
 
-def _normalized(nodes: Sequence[Node]) -> tuple[list[_Group], bool]:
+def _normalized(nodes: Sequence[Node], memo: MergeMemo | None = None) -> tuple[list[_Group], bool]:
     """The messages as groups, and whether the omission note must lead them."""
-    out = _pair(_merge_rows(nodes))
+    out = _pair(_merge_rows(nodes, memo))
     if out and out[-1].role == ASSISTANT:
         _as_prefill(out)
     return out, bool(out) and out[0].role == ASSISTANT
@@ -252,10 +297,12 @@ def _omission_note() -> ApiMessage:
     return {"role": USER, "content": [{"type": "text", "text": EARLIER_CONVERSATION_OMITTED}]}
 
 
-def normalize_for_api(nodes: Sequence[Node]) -> list[ApiMessage]:
+def normalize_for_api(nodes: Sequence[Node], memo: MergeMemo | None = None) -> list[ApiMessage]:
     """The `messages` array for a model request built from a view (see module doc).
-    An empty list when nothing in the view is visible to the model."""
-    groups, lead = _normalized(nodes)
+    An empty list when nothing in the view is visible to the model. `memo`: the
+    caller's, kept from the last view it normalised (the result is the same with or
+    without one)."""
+    groups, lead = _normalized(nodes, memo)
     messages = [{"role": g.role, "content": g.content()} for g in groups]
     if lead:
         messages.insert(0, _omission_note())
@@ -267,7 +314,7 @@ def normalize_with_uuids(nodes: Sequence[Node]) -> list[tuple[ApiMessage, list[s
     from (empty for synthetic messages: the leading omission note, a placeholder-only
     answer to an open tool call)."""
     groups, lead = _normalized(nodes)
-    pairs = [({"role": g.role, "content": g.content()}, g.uuids) for g in groups]
+    pairs = [({"role": g.role, "content": g.content()}, list(g.uuids)) for g in groups]
     if lead:
         pairs.insert(0, (_omission_note(), []))
     return pairs

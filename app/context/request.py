@@ -6,7 +6,7 @@ from typing import Any
 
 from app.context.cache import add_cache_breakpoints
 from app.context.limits import max_tokens_of
-from app.context.normalize import normalize_for_api
+from app.context.normalize import MergeMemo, normalize_for_api
 from app.context.session import SessionConfig
 from app.context.types import Block, Node
 
@@ -27,10 +27,12 @@ def build_body(
     tools: list[dict[str, Any]] | None = None,
     system: str | list[Block] | None = None,
     thinking: bool = True,
+    memo: MergeMemo | None = None,
 ) -> dict[str, Any]:
-    """Normalise the view (invariant 4) and place cache breakpoints so the prefix of a
-    growing conversation is read from the prompt cache turn after turn."""
-    messages = normalize_for_api(nodes)
+    """Normalise the view (invariant 4; `memo`: the session's, see `MergeMemo`) and place
+    cache breakpoints so the prefix of a growing conversation is read from the prompt
+    cache turn after turn."""
+    messages = normalize_for_api(nodes, memo)
     system_out, tools_out, messages = add_cache_breakpoints(
         system_blocks(config.system if system is None else system),
         config.tool_definitions if tools is None else tools,

@@ -11,14 +11,16 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.context.normalize import MergeMemo
 from app.context.projection import CollapseSpan, project, span_indices
 from app.context.types import COMPACT_BOUNDARY, Node
 from app.conversation import marks, store
 from app.conversation.records import MessageRecord
 
 # Bytes a cached message costs beyond its content: the record, its Node, uuids, the
-# timestamp and list slots (measured with tracemalloc on typical rows).
-RECORD_OVERHEAD = 1_200
+# timestamp and list slots (measured with tracemalloc on typical rows), and its share of
+# the session's normalisation memo (its references in the merged groups).
+RECORD_OVERHEAD = 1_500
 
 
 def footprint(value: object) -> int:
@@ -60,6 +62,8 @@ class ChainCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[uuid.UUID, CachedChain] = OrderedDict()
         self.size = 0
+        # The normalisation memo of each session kept here (the loop's requests only).
+        self.memos: dict[uuid.UUID, MergeMemo] = {}
 
     async def view_records(
         self, db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | None, keep: bool = True
@@ -144,6 +148,12 @@ class ChainCache:
             and cached.marks_version == marks_version
         )
 
+    def memo(self, session_id: uuid.UUID) -> MergeMemo | None:
+        """The session's normalisation memo, while its view is kept here."""
+        if session_id not in self.entries:
+            return None
+        return self.memos.setdefault(session_id, MergeMemo())
+
     def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[MessageRecord] | None:
         """The cached records of that exact view, if any (no I/O)."""
         cached = self.entries.get(session_id)
@@ -154,12 +164,14 @@ class ChainCache:
         if old is not None:
             self.size -= old.size
         if chain.size > self.max_bytes:  # a chain bigger than the whole cache: not kept
+            self.memos.pop(session_id, None)
             return
         self.entries[session_id] = chain
         self.size += chain.size
         while self.size > self.max_bytes:
-            _, evicted = self.entries.popitem(last=False)
+            evicted_id, evicted = self.entries.popitem(last=False)
             self.size -= evicted.size
+            self.memos.pop(evicted_id, None)
 
 
 @dataclass

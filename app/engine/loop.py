@@ -252,7 +252,7 @@ class TurnRunner:
             if self.state.model_calls:
                 await self.durably(self.check_budget)
             nodes = await self.durably(self.prepare)
-            body = build_body(self._config, nodes)
+            body = build_body(self._config, nodes, memo=self.resources.views.memo(self._session.id))
             # Recorded on the reply: its usage anchors later estimates of this prefix.
             measured = request_estimate(self._config, nodes)
             try:

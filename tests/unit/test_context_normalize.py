@@ -7,10 +7,12 @@ import copy
 from collections.abc import Sequence
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 from app.context.blocks import is_model_visible
 from app.context.normalize import (
     EMPTY_TOOL_RESULT,
+    MergeMemo,
     missing_result,
     normalize_for_api,
     normalize_with_uuids,
@@ -468,3 +470,56 @@ def test_requests_of_an_agent_loop_extend_each_other(h: list[Node]) -> None:
         if h[k - 1].role == USER:
             request = normalize_for_api(h[:k])
             assert full[: len(request)] == request
+
+
+# --- the memo: normalising a view that extends the last one goes on from there ---------
+
+
+@given(histories(max_size=30), histories(max_size=10), st.data())
+def test_a_memo_changes_no_result(h: list[Node], other: list[Node], data: st.DataObject) -> None:
+    """A conversation's views as turns add rows (each extending the last), then a
+    branch that shares only a prefix, then the first view again: with one memo
+    throughout, every result equals the one computed without, and no earlier result
+    changes afterwards."""
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(h)), max_size=4)))
+    branch_at = data.draw(st.integers(0, len(h)))
+    views = [h[:cut] for cut in cuts] + [h, h[:branch_at] + other, h[: cuts[0] if cuts else 0], h]
+    memo = MergeMemo()
+    results = []
+    for view in views:
+        got = normalize_for_api(view, memo)
+        assert got == normalize_for_api(view)
+        results.append((got, copy.deepcopy(got)))
+    for got, then in results:
+        assert got == then, "a later call changed an earlier result"
+
+
+@given(histories(max_size=30))
+def test_a_memo_is_resumed_only_by_a_view_that_extends_it(h: list[Node]) -> None:
+    memo = MergeMemo()
+    normalize_for_api(h, memo)
+    assert memo.resumes([*h, node("new", USER, [text("more")])]) == bool(h)
+    if h:
+        replaced = [node(h[0].uuid, h[0].role or USER, h[0].content), *h[1:]]
+        assert not memo.resumes(replaced), "same uuid, another row object: from the start"
+        assert not memo.resumes(h[:-1])
+
+
+def test_a_memo_resumed_after_rows_that_merged_or_were_trimmed() -> None:
+    """A final reply trimmed as a prefill, and replies merged around an emptied user
+    message: neither changes what the memo keeps for the next turn."""
+    trimmed = [u("u1", text("hi")), a("a1", text("one "))]
+    merged = [
+        u("u1", text("hi")),
+        a("a1", text("one")),
+        u("r", tool_result("ghost", "orphan")),
+        a("a2", text("two"), thinking()),
+        u("r2", tool_result("ghost", "orphan")),
+        a("a3", text("three")),
+    ]
+    for view in (trimmed, merged):
+        memo = MergeMemo()
+        assert normalize_for_api(view, memo) == normalize_for_api(view)
+        longer = [*view, u("u2", text("next")), a("a9", text("nine"))]
+        assert normalize_for_api(longer, memo) == normalize_for_api(longer)
+        assert memo.nodes == tuple(longer)
