@@ -225,9 +225,9 @@ class Step:
         self.db = db
         self.events: list[StoredEvent] = []
         self.run_values: dict[str, Any] = {}  # set on the run row with its last event seq
-        # The owner's last step (a pause, the end): ids it reserved but did not use go back.
-        self.final = False
-        self.run_written = False  # by `final_update`: the hub writes the run row no more
+        # The owner's last step (a pause, the end) writes the run row itself
+        # (`final_update`, `final_events`); the hub writes it no more.
+        self.run_written = False
         self.webhooks = True  # False when its events are known to have no receiver
         self.written: list[StoredEvent] | None = None  # stored by the caller (`final_events`)
 
@@ -243,7 +243,7 @@ class Step:
         the fence (no row means the run is no longer this owner's)."""
         channel = self.channel
         last = channel.next_seq  # the id of the event reported next
-        self.final = self.run_written = True
+        self.run_written = True
         values = {**self.run_values, **values, "last_event_seq": last, "reserved_seq": last}
         return self.hub.fenced_update(channel, values, last)
 
@@ -251,7 +251,7 @@ class Step:
         """For an owner's last step that stores its events and settles the run row in
         its own statement (`finishing.finish_turn`): the events to store, the deltas not
         written yet and then the step's own. The hub then writes nothing more."""
-        self.final = self.run_written = True
+        self.run_written = True
         self.written = [*self.channel.unwritten, *self.events]
         return self.written
 
@@ -395,14 +395,11 @@ class EventHub:
                     written = step.written
                 else:
                     written = [*channel.unwritten, *step.events]
-                    values = dict(step.run_values)
-                    if step.final and written:
-                        values["reserved_seq"] = written[-1].seq
                     await self._write(
                         db,
                         channel,
                         written,
-                        None if step.run_written else values,
+                        None if step.run_written else step.run_values,
                         webhooks=step.webhooks,
                     )
                 await db.commit()

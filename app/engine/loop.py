@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Row, Table, Update, bindparam, exists
+from sqlalchemy import Table, Update, bindparam, exists
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app import metrics
@@ -36,7 +36,7 @@ from app.context.request import build_body
 from app.context.session import SessionConfig
 from app.context.types import Block, Node
 from app.conversation import sessions, store
-from app.conversation.payloads import message_payload, result_events, run_json, run_out
+from app.conversation.payloads import message_payload, result_events, run_out
 from app.conversation.records import MessageRecord, new_message
 from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
@@ -538,16 +538,16 @@ class TurnRunner:
                     worker_id=None,
                     streaming_uuid=None,
                 )
-                step.report("run.requires_action", run_json(run))
+                step.report("run.requires_action", run.model_dump(mode="json"))
 
         await self.durably(stored)
         self.pending_results = {}
 
-    async def _settle_in(self, step: RunStep, **values: Any) -> Row[Any]:
+    async def _settle_in(self, step: RunStep, **values: Any) -> RunOut:
         """In the run's last step here (a pause, the end): set `values` on the run row
         while it is running and this owner's, learning with it whether a queued turn
         waits for the session (it starts right after) and whether the tenant has
-        webhook endpoints (else the step writes no deliveries). The row as it settles;
+        webhook endpoints (else the step writes no deliveries). The run as it settles;
         the caller reports it next. `LostOwnership` when the run was ended or taken
         elsewhere."""
         fenced, params = step.log.final_update(**values)
@@ -561,7 +561,7 @@ class TurnRunner:
         step.log.webhooks = bool(run.has_endpoints or self.params.webhook_url)
         self.queued_next = bool(run.queued_next)
         self._settling = run_out(run)
-        return run
+        return self._settling
 
     # --- ending --------------------------------------------------------------------
 
@@ -609,7 +609,7 @@ class TurnRunner:
             streaming_uuid=None,
             cancel_requested_at=None,
         )
-        step.report(f"run.{status}", run_json(run))
+        step.report(f"run.{status}", run.model_dump(mode="json"))
 
     async def stop_cancelled(self) -> None:
         """A client's cancel (on this or another replica): keep what was produced, answer
