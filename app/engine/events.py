@@ -28,7 +28,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -158,6 +158,18 @@ def dumps(data: Any) -> str:
 def numbered(after: int, items: list[tuple[str, Any]]) -> list[StoredEvent]:
     """Events (name, data) as stored, with the ids after `after`."""
     return [StoredEvent(after + i, name, dumps(data)) for i, (name, data) in enumerate(items, 1)]
+
+
+def event_arrays(events: Iterable[StoredEvent]) -> dict[str, list[Any]]:
+    """Events as the array parameters of the statements that insert them beside other
+    rows with `unnest` (`BATCH_FLUSH`, the one-statement claim and end of a turn):
+    `e_seqs`, `e_names`, `e_data`."""
+    batch = list(events)
+    return {
+        "e_seqs": [e.seq for e in batch],
+        "e_names": [e.event for e in batch],
+        "e_data": [e.data for e in batch],
+    }
 
 
 def event_rows(run_id: uuid.UUID, events: list[StoredEvent]) -> list[dict[str, Any]]:
@@ -522,9 +534,7 @@ class EventHub:
             "epochs": [channel.epoch for channel, _ in taken],
             "lasts": [batch[-1].seq for _, batch in taken],
             "e_runs": [run_id for run_id, _ in events],
-            "e_seqs": [e.seq for _, e in events],
-            "e_names": [e.event for _, e in events],
-            "e_data": [e.data for _, e in events],
+            **event_arrays(e for _, e in events),
             "channel": NOTIFY_CHANNEL,
         }
         rows = await self.db.execute_once(BATCH_FLUSH, params)

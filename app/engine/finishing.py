@@ -21,7 +21,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversation.records import MessageRecord
 from app.domain import USAGE_COUNTERS
-from app.engine.events import NOTIFY_CHANNEL, LostOwnership, StoredEvent, dumps
+from app.engine.events import (
+    NOTIFY_CHANNEL,
+    LostOwnership,
+    StoredEvent,
+    dumps,
+    event_arrays,
+)
 from app.engine.quotas.budgets import INPUT_COUNTERS, hour_of
 
 
@@ -75,9 +81,7 @@ async def finish_turn(
         "run_usage": dumps(run_usage),
         "state": dumps(state),
         "last": last,
-        "e_seqs": [e.seq for e in events],
-        "e_names": [e.event for e in events],
-        "e_data": [e.data for e in events],
+        **event_arrays(events),
         "channel": NOTIFY_CHANNEL,
         "payload": f"{run_id}:{last}",
     }

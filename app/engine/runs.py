@@ -31,6 +31,7 @@ from app.engine.events import (
     EventHub,
     StoredEvent,
     dumps,
+    event_arrays,
     event_rows,
     numbered,
 )
@@ -260,9 +261,7 @@ async def claim_at_once(
         "streaming": run.streaming_uuid,
         "created_at": run.created_at,
         "started_at": run.started_at,
-        "e_seqs": [e.seq for e in claimed.events],
-        "e_names": [e.event for e in claimed.events],
-        "e_data": [e.data for e in claimed.events],
+        **event_arrays(claimed.events),
     }
     try:
         found = (await db.execute(CLAIM_AT_ONCE, params)).first()
