@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import Table, literal_column, select
+from sqlalchemy import Table, literal_column, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.config import Settings
@@ -285,6 +285,16 @@ class Harness:
             body = await context_report.next_request(db, session, self.settings, ChainCache(0))
         assert validate_api_messages(body["messages"]) == [], body["messages"]
         return body
+
+    async def abandon(self, *run_ids: uuid.UUID) -> None:
+        """End runs a test left running that nothing here executes: a reaper in a
+        later test would take them over and run them against that test's model."""
+        async with self.db.transaction() as db:
+            await db.execute(
+                update(Run)
+                .where(Run.id.in_(run_ids))
+                .values(status=RunStatus.FAILED, lease_expires_at=None)
+            )
 
     async def active_run(self, session_id: uuid.UUID) -> Run | None:
         async with self.db.sessionmaker() as db:

@@ -101,11 +101,7 @@ async def test_a_superseded_owner_writes_nothing(make_harness: MakeHarness) -> N
     assert len(await h.chain(session.id)) == messages
     after = await h.events(run.id)
     assert [e.seq for e in after] == [e.seq for e in stored]
-    # Leave nothing for another test's reaper to take over.
-    async with h.db.transaction() as db:
-        await db.execute(
-            update(Run).where(Run.id == run.id).values(status="failed", lease_expires_at=None)
-        )
+    await h.abandon(run.id)
 
 
 async def test_a_recorded_workspace_tool_is_not_applied_again_on_resume(
@@ -228,9 +224,4 @@ async def test_one_flush_stores_the_deltas_of_every_run_each_fenced(
     for run in claimed:
         channel = hub.channels.pop(run.id)
         channel.lost = True
-    async with h.db.transaction() as db:
-        await db.execute(
-            update(Run)
-            .where(Run.id.in_([r.id for r in claimed]))
-            .values(status="failed", lease_expires_at=None)
-        )
+    await h.abandon(*(run.id for run in claimed))
