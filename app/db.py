@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import JSON, Dialect, Executable, MetaData, String, TypeDecorator, event
+from sqlalchemy import JSON, Dialect, MetaData, String, TextClause, TypeDecorator, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import (
@@ -76,6 +76,26 @@ def _says_unreachable(exc: BaseException) -> bool:
         return True
     # A refused or timed-out connect comes from the driver unwrapped.
     return isinstance(exc, (ConnectionError, TimeoutError))
+
+
+def driver_error(
+    exc: Exception, statement: str, params: dict[str, Any], *, closed: bool
+) -> sa_exc.DBAPIError:
+    """What SQLAlchemy would raise for an error the driver raised outside it
+    (`Database.execute_once`), keeping the driver's error (and SQLSTATE) as `orig`: a
+    constraint violation is an IntegrityError; a connection that is gone (`closed`, a
+    socket error or timeout, a server that cannot serve) an OperationalError that
+    invalidated it; anything else a DBAPIError."""
+    sqlstate = _sqlstate(exc) or ""
+    if sqlstate.startswith("23"):
+        return sa_exc.IntegrityError(statement, params, exc)
+    if (
+        closed
+        or isinstance(exc, (OSError, TimeoutError))
+        or sqlstate.startswith(_TRANSIENT_SQLSTATES)
+    ):
+        return sa_exc.OperationalError(statement, params, exc, connection_invalidated=True)
+    return sa_exc.DBAPIError(statement, params, exc)
 
 
 def is_unstorable_text(exc: BaseException) -> bool:
@@ -210,6 +230,7 @@ class Database:
         self.sessionmaker: async_sessionmaker[AsyncSession] = async_sessionmaker(
             engine, expire_on_commit=False, autoflush=False
         )
+        self._compiled: dict[TextClause, tuple[str, tuple[str, ...]]] = {}
 
     @property
     def is_sqlite(self) -> bool:
@@ -226,17 +247,40 @@ class Database:
                 await rollback(db)
                 raise
 
-    async def execute_once(self, statement: Executable, params: dict[str, Any]) -> list[Any]:
-        """Run one statement as its own transaction and return its rows. On the engine it
-        is autocommitted: one round trip, and no connection left idle in a transaction
-        while the event loop is busy. (Tests that bind the session factory to an outer
-        transaction get a transaction of that factory instead.)"""
+    async def execute_once(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        """Run one statement as its own transaction and return its rows (read them by
+        position: on Postgres they are the driver's records). On the engine it is
+        autocommitted: one round trip, and no connection left idle in a transaction
+        while the event loop is busy. On Postgres it goes to the driver as SQLAlchemy
+        would send it (compiled once), without the work SQLAlchemy does around each
+        execution: these are statements of every turn. (Tests that bind the session
+        factory to an outer transaction get a transaction of that factory instead.)"""
         if self.sessionmaker.kw.get("bind") is not self.engine:
             async with self.transaction() as db:
                 return list(await db.execute(statement, params))
+        if self.is_sqlite:
+            async with self.engine.connect() as conn:
+                auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+                return list(await auto.execute(statement, params))
+        sql, names = self._positional(statement)
         async with self.engine.connect() as conn:
-            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
-            return list(await auto.execute(statement, params))
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver is not None
+            try:
+                rows: list[Any] = await driver.fetch(sql, *[params[name] for name in names])
+            except Exception as exc:
+                translated = driver_error(exc, sql, params, closed=driver.is_closed())
+                if translated.connection_invalidated:
+                    await conn.invalidate(exc)
+                raise translated from exc
+            return rows
+
+    def _positional(self, statement: TextClause) -> tuple[str, tuple[str, ...]]:
+        compiled = self._compiled.get(statement)
+        if compiled is None:
+            done = statement.compile(dialect=self.engine.dialect)
+            compiled = self._compiled[statement] = (done.string, tuple(done.positiontup or ()))
+        return compiled
 
     async def dispose(self) -> None:
         await self.engine.dispose()

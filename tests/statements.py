@@ -1,4 +1,4 @@
-"""The SQL a test's engine runs while a block executes (asserting how many round trips a
+"""The SQL a test's database runs while a block executes (asserting how many round trips a
 path takes, or that it reads no row it should not)."""
 
 from __future__ import annotations
@@ -7,20 +7,31 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import TextClause, event
+
+from app.db import Database
 
 
 @contextmanager
-def recorded(engine: AsyncEngine) -> Iterator[list[str]]:
-    """The statements `engine` runs meanwhile, in order."""
+def recorded(database: Database) -> Iterator[list[str]]:
+    """The statements `database` runs meanwhile, in order: those SQLAlchemy executes and
+    those `execute_once` hands to the driver itself."""
     seen: list[str] = []
+    engine = database.engine.sync_engine
+    execute_once = database.execute_once
 
     def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
         seen.append(statement)
 
-    event.listen(engine.sync_engine, "before_cursor_execute", record)
+    async def once(statement: TextClause, params: dict[str, Any]) -> list[Any]:
+        if not database.is_sqlite and database.sessionmaker.kw.get("bind") is database.engine:
+            seen.append(statement.text)  # what SQLAlchemy's events never see
+        return await execute_once(statement, params)
+
+    event.listen(engine, "before_cursor_execute", record)
+    database.execute_once = once  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        event.remove(engine.sync_engine, "before_cursor_execute", record)
+        del database.execute_once
+        event.remove(engine, "before_cursor_execute", record)

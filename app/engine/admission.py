@@ -8,6 +8,7 @@ the commit, so a run never starts on rows that might still roll back.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -63,8 +64,7 @@ class Admission:
         on Postgres launches at once, pending: the model request is prepared and sent
         while the claim commits, and nothing is sent or written until it has (stopped,
         upstream request included, if it rolls back)."""
-        if self.supervisor.shutting_down.is_set():  # draining: nothing is stored (503)
-            raise Unavailable("The server is shutting down; post again to another replica")
+        self._check_accepting()
         if run.status != RunStatus.RUNNING:
             return
         supervisor = self.supervisor
@@ -74,6 +74,10 @@ class Admission:
             after_rollback(db, lambda: supervisor.abort(run.id))
         else:
             after_commit(db, lambda: supervisor.launch(run, session, claimed))
+
+    def _check_accepting(self) -> None:
+        if self.supervisor.shutting_down.is_set():  # draining: nothing is stored (503)
+            raise Unavailable("The server is shutting down; post again to another replica")
 
     # --- turns ---------------------------------------------------------------------
 
@@ -173,17 +177,25 @@ class Admission:
         if at_once:
             await self.check_quotas(db, session)
             await self._check_running(db, session)
+            self._check_accepting()
             claimed = await runs.claim_at_once(
                 db,
+                self.resources.db,
                 session,
                 run,
                 worker_id=self.resources.worker_id,
                 lease_seconds=self.resources.settings.run_lease_seconds,
                 version=version,
             )
-            if claimed is not None:
-                self._launch_after_commit(db, run, session, claimed)
-                self._keep_after_commit(db, session, claimed)
+            if claimed is not None:  # stored: the run starts now
+                if session in db:  # the run's own: a rollback of `db` must not expire it
+                    db.expunge(session)
+                self.supervisor.launch(run, session, claimed)
+                if claimed.version is not None and claimed.record is not None:
+                    self.resources.session_rows.keep(
+                        session, claimed.version, updated_at=claimed.record.created_at
+                    )
+                await asyncio.sleep(0)  # the run sends its model request before this goes on
                 return run
             self.resources.session_rows.forget(session.id)
         if at_once or version is not None:
@@ -234,15 +246,6 @@ class Admission:
         )
         self._launch_after_commit(db, run, session, claimed)
         return run
-
-    def _keep_after_commit(
-        self, db: AsyncSession, session: AgentSession, claimed: runs.Claimed
-    ) -> None:
-        """Keep the session row as the claim leaves it, for the next turn here."""
-        if claimed.version is None or claimed.record is None:
-            return
-        rows, version, at = self.resources.session_rows, claimed.version, claimed.record.created_at
-        after_commit(db, lambda: rows.keep(session, version, updated_at=at))
 
     @staticmethod
     def _new_run(

@@ -24,6 +24,7 @@ from app.context.blocks import as_blocks
 from app.conversation import store
 from app.conversation.payloads import message_payload, run_json
 from app.conversation.records import MessageRecord, new_message
+from app.db import Database
 from app.domain import ACTIVE_RUN_STATUSES, RunKind, RunStatus, ToolResult
 from app.engine.events import (
     INSERT_EVENTS,
@@ -218,6 +219,7 @@ async def claim(
 
 async def claim_at_once(
     db: AsyncSession,
+    database: Database,
     session: AgentSession,
     run: Run,
     *,
@@ -227,10 +229,11 @@ async def claim_at_once(
 ) -> Claimed | None:
     """`claim` of a new turn as one statement (Postgres), guarded on the session as it
     was read (`session`: its head and message count, and its row version when given)
-    with no active run and no run of the turn's idempotency key. None when the guard
-    fails (something changed since the read, another run is active, a retry): nothing
-    is written, and the caller takes the careful path (`claim`, after looking). With
-    `version`, the claim carries the row's new one."""
+    with no active run and no run of the turn's idempotency key. The statement is its
+    own transaction (`Database.execute_once`): when this returns a claim, it is stored.
+    None when the guard fails (something changed since the read, another run is active,
+    a retry): nothing is written, and the caller takes the careful path (`claim`, after
+    looking) in `db`. With `version`, the claim carries the row's new one."""
     assert run.params.content is not None
     assert run.params.parent_uuid is None
     seen_head, seen_seq, epoch = session.head_uuid, session.message_seq, run.epoch
@@ -264,18 +267,18 @@ async def claim_at_once(
         **event_arrays(claimed.events),
     }
     try:
-        found = (await db.execute(CLAIM_AT_ONCE, params)).first()
+        rows = await database.execute_once(CLAIM_AT_ONCE, params)
     except IntegrityError:  # an active run the statement's snapshot could not see yet
         await _lost_race(db, session.id)
         raise
-    if found is None:
+    if not rows:
         set_committed_value(session, "head_uuid", seen_head)
         run.status, run.epoch, run.started_at = RunStatus.QUEUED, epoch, None
         return None
     set_committed_value(session, "message_seq", record.seq)
     if version is None:
         return claimed
-    return Claimed(claimed.record, claimed.events, found.version)
+    return Claimed(claimed.record, claimed.events, rows[0][1])
 
 
 # `claim_at_once`: the session row moves to the new message only while it is as it was

@@ -316,15 +316,15 @@ class Supervisor:
         self.shutting_down.set()
         for task in self._background:
             task.cancel()
-        grace = self.settings.shutdown_grace_seconds
         pending = [task for task in self.tasks.values() if not task.done()]
         if pending:
-            _done, still = await asyncio.wait(pending, timeout=grace)
-            for run_id, task in list(self.tasks.items()):
-                if task in still:
-                    self._stop_task(run_id, HANDOVER)
-            if still:
-                await asyncio.wait(still, timeout=10)
+            await asyncio.wait(pending, timeout=self.settings.shutdown_grace_seconds)
+        # Looked at again: a claim committing as the shutdown began launched its run since.
+        still = {run_id: task for run_id, task in self.tasks.items() if not task.done()}
+        for run_id in still:
+            self._stop_task(run_id, HANDOVER)
+        if still:
+            await asyncio.wait(still.values(), timeout=10)
 
     # --- leases and the reaper -----------------------------------------------------
 

@@ -188,9 +188,7 @@ async def test_a_draining_process_takes_no_turn(make_harness: MakeHarness) -> No
     assert await h.active_run(session.id) is None
 
 
-async def test_one_flush_stores_the_deltas_of_every_run_each_fenced(
-    h: Harness, engine: AsyncEngine
-) -> None:
+async def test_one_flush_stores_the_deltas_of_every_run_each_fenced(h: Harness) -> None:
     """A flush window stores the deltas of all of a process's runs in one statement; a
     run another process took over meanwhile (a new epoch) stores nothing and is lost."""
     hub = EventHub(h.db, flush_seconds=3600)  # flushed by hand below
@@ -207,7 +205,7 @@ async def test_one_flush_stores_the_deltas_of_every_run_each_fenced(
     async with h.db.transaction() as db:
         await db.execute(update(Run).where(Run.id == taken.id).values(epoch=Run.epoch + 1))
 
-    with recorded(engine) as statements:
+    with recorded(h.db) as statements:
         await hub._flush_batch()
     if not h.db.is_sqlite:
         assert len(statements) == 1

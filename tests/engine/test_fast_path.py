@@ -1,7 +1,8 @@
-"""The fast path of a turn on Postgres: the claim in one statement while the session is
-as it was read, the model request sent while the claim commits (nothing sent or stored
-before it has, nothing at all if it rolls back), and the views and followers of a run
-executing here served from memory, equal to what is stored."""
+"""The fast path of a turn on Postgres: the claim in one autocommitted statement while the
+session is as it was read; a claim made in the request's transaction (a post that looks
+first) has its model request sent while it commits (nothing sent or stored before it
+has, nothing at all if it rolls back); the views and followers of a run executing here
+served from memory, equal to what is stored."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from app.domain import RunParams, RunStatus
+from app.domain import IfBusy, RunParams, RunStatus
 from app.engine import events as events_module
 from app.engine import runs
 from app.engine.events import StoredEvent
@@ -23,6 +24,10 @@ from tests.engine.conftest import Harness, assert_gap_free
 from tests.engine.scripted import ScriptedModel, held, reply, tool_use
 
 LONG = " ".join(f"word{i}" for i in range(60))  # many deltas (8 characters each)
+
+
+# A post that looks before it claims (`enqueue`) claims in the request's transaction.
+ENQUEUE = IfBusy.ENQUEUE
 
 
 class RequestFailed(Exception):
@@ -73,7 +78,7 @@ async def test_a_claim_that_rolls_back_stops_its_run_before_it_sends_or_stores(
         async with h.db.transaction() as db:
             row = await db.get(AgentSession, session.id)
             assert row is not None
-            run = await h.admission.submit(db, row, RunParams(content="hi"))
+            run = await h.admission.submit(db, row, RunParams(content="hi"), if_busy=ENQUEUE)
             seen["run"], seen["inbox"] = run.id, subscribe(h, run.id)
             # The model is streaming while the claim is not committed yet.
             await asyncio.wait_for(gate.reached.wait(), 10)
@@ -100,6 +105,38 @@ async def test_a_claim_that_rolls_back_stops_its_run_before_it_sends_or_stores(
     assert out.text == "after the failure"
 
 
+async def test_a_one_statement_claim_is_stored_and_sent_before_the_request_commits(
+    h: Harness, model: ScriptedModel
+) -> None:
+    session = await warm_session(h, model)
+    gate = held(LONG, after=6)
+    model.script(gate)
+    seen: dict[str, Any] = {}
+
+    async def post_then_fail() -> None:
+        async with h.db.transaction() as db:
+            row = await db.get(AgentSession, session.id)
+            assert row is not None
+            run = await h.admission.submit(db, row, RunParams(content="hi"))
+            seen["run"] = run.id
+            inbox = subscribe(h, run.id)
+            # Its own statement, committed: other connections see the turn already.
+            assert await count(h, Run, id=run.id) == 1
+            await asyncio.wait_for(gate.reached.wait(), 10)
+            sent = [await asyncio.wait_for(inbox.get(), 10) for _ in range(2)]
+            names = [e.event for e in sent if e is not None]
+            assert names == ["message.started", "text.delta"], "sent with the request open"
+            raise RequestFailed  # what the request does after cannot undo the turn
+
+    with pytest.raises(RequestFailed):
+        await post_then_fail()
+    gate.release()
+    out = await h.settle(seen["run"])
+    assert out.run.status == RunStatus.COMPLETED
+    assert out.text == LONG
+    assert_gap_free(out.events)
+
+
 async def test_a_pending_claim_holds_its_events_until_it_commits(
     h: Harness, model: ScriptedModel
 ) -> None:
@@ -110,7 +147,7 @@ async def test_a_pending_claim_holds_its_events_until_it_commits(
     async with h.db.transaction() as db:
         row = await db.get(AgentSession, session.id)
         assert row is not None
-        run = await h.admission.submit(db, row, RunParams(content="hi"))
+        run = await h.admission.submit(db, row, RunParams(content="hi"), if_busy=ENQUEUE)
         inbox = subscribe(h, run.id)
         await asyncio.wait_for(gate.reached.wait(), 10)
         assert drain(inbox) == [], "no delta is sent before the claim is stored"
@@ -141,7 +178,7 @@ async def test_a_stale_session_is_claimed_after_looking(h: Harness, model: Scrip
     async with h.db.transaction() as db:
         db.add(stale)
         run = h.admission._new_run(stale, runs.RunKind.TURN, RunParams(content="x"), None, "")
-        claimed = await runs.claim_at_once(db, stale, run, worker_id="w", lease_seconds=10.0)
+        claimed = await runs.claim_at_once(db, h.db, stale, run, worker_id="w", lease_seconds=10.0)
         assert claimed is None, "the guard saw the session move"
     assert await count(h, Message, session_id=session.id) == messages
     assert await count(h, Run, id=run.id) == 0
@@ -223,7 +260,7 @@ async def test_a_one_statement_claim_losing_to_a_committing_claim_is_a_conflict(
         await runs.claim(first, compacting, compaction, worker_id="a", lease_seconds=10.0)
         turn = h.admission._new_run(posting, runs.RunKind.TURN, RunParams(content="x"), None, "")
         racing = asyncio.create_task(
-            runs.claim_at_once(second, posting, turn, worker_id="b", lease_seconds=10.0)
+            runs.claim_at_once(second, h.db, posting, turn, worker_id="b", lease_seconds=10.0)
         )
         await asyncio.sleep(0.3)  # the statement waits for the session row
         assert not racing.done()

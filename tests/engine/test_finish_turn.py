@@ -75,7 +75,7 @@ async def test_the_final_step_stores_what_it_reports(h: Harness, model: Scripted
     )
     session = await h.new_session(builtin_tools=["Write"])
     for text in ("first", "second"):
-        with recorded(h.db.engine) as seen:
+        with recorded(h.db) as seen:
             out = await h.settle((await h.start(session.id, text)).id)
         assert finished_at_once(seen) == 1, "the end was one statement"
         await assert_stored_as_reported(h, session, out)
@@ -88,7 +88,7 @@ async def test_a_session_that_moved_takes_the_ordinary_step(
     gate = held(reply("the reply"), after=1)
     model.script(gate)
     session = await h.new_session()
-    with recorded(h.db.engine) as seen:
+    with recorded(h.db) as seen:
         run = await h.start(session.id, "go")
         await asyncio.wait_for(gate.reached.wait(), 10)
         async with h.db.transaction() as db:  # a seq taken by something else

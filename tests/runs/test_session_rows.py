@@ -55,7 +55,7 @@ async def test_a_turn_on_a_session_served_here_reads_no_session_row(
         fake.script(items.message("one"), items.message("two"), items.message("three"))
         await turn(client, sid, "first")
         for text in ("second", "third"):
-            with recorded(live_fake.runtime.db.engine) as seen:
+            with recorded(live_fake.runtime.db) as seen:
                 await turn(client, sid, text)
             assert session_reads(seen) == [], "the kept row stood in for the read"
         assert systems(fake) == ["Be brief."] * 3
@@ -74,7 +74,7 @@ async def test_settings_changed_through_another_replica_are_used(
         assert patched.status_code == 200, patched.text
         reads = []
         for text in ("second", "third", "fourth"):
-            with recorded(one.runtime.db.engine) as seen:
+            with recorded(one.runtime.db) as seen:
                 await turn(a, sid, text)
             reads.append(len(session_reads(seen)))
         # The guard failed and the row was read; the turn after reads it with its

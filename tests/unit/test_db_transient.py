@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from app.db import is_transient
+from app.db import driver_error, is_transient
 
 
 class DriverError(Exception):
@@ -47,3 +47,28 @@ def test_a_wrapped_outage_is_transient() -> None:
     outer.__cause__ = ConnectionRefusedError(111, "Connect call failed")
     assert is_transient(outer)
     assert not is_transient(RuntimeError("alone"))
+
+
+@pytest.mark.parametrize(
+    ("error", "closed", "kind", "transient"),
+    [
+        (DriverError("23505"), False, sa_exc.IntegrityError, False),  # unique violation
+        (DriverError("42601"), False, sa_exc.DBAPIError, False),  # syntax error
+        (DriverError("57P01"), False, sa_exc.OperationalError, True),  # terminated
+        (DriverError("08006"), False, sa_exc.OperationalError, True),
+        (ConnectionResetError(104, "reset by peer"), False, sa_exc.OperationalError, True),
+        (TimeoutError(), False, sa_exc.OperationalError, True),
+        (RuntimeError("connection was closed in the middle"), True, sa_exc.OperationalError, True),
+        (ValueError("invalid input for query argument"), False, sa_exc.DBAPIError, False),
+    ],
+)
+def test_driver_errors_are_raised_as_sqlalchemy_raises_them(
+    error: Exception, closed: bool, kind: type[sa_exc.DBAPIError], transient: bool
+) -> None:
+    """`execute_once` calls the driver itself: its errors are translated so that callers
+    catching IntegrityError and `is_transient` see what SQLAlchemy would have raised."""
+    translated = driver_error(error, "SELECT 1", {}, closed=closed)
+    assert type(translated) is kind
+    assert translated.orig is error
+    assert translated.connection_invalidated is transient
+    assert is_transient(translated) is transient
