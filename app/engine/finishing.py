@@ -7,6 +7,12 @@ reply's seq, and so every event reporting it, was chosen from that count before 
 statement ran) and, when the run knows it, its version (`session_rows`). Otherwise
 nothing is written and the caller takes the ordinary step (`Moved`). The run row is
 fenced by the owner's epoch as every write of the owner is (`LostOwnership`).
+
+The statement writes all of it or nothing (both rows are locked before either is
+written), so it needs no transaction around it: `alone`, it is autocommitted, one round
+trip. Alone it also requires the tenant to have no webhook
+endpoints, whose deliveries must be stored in the same transaction as the events
+(`outbox.enqueue`); a tenant with endpoints gets `NeedsOutbox`, nothing written.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.conversation.records import MessageRecord
+from app.db import Database
 from app.domain import USAGE_COUNTERS
 from app.engine.events import (
     NOTIFY_CHANNEL,
@@ -35,6 +42,11 @@ class Moved(Exception):
     """The session row is not where the run left it: nothing was written."""
 
 
+class NeedsOutbox(Exception):
+    """Alone, for a tenant with webhook endpoints: nothing was written; the statement
+    goes in a transaction with the deliveries."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
     queued_next: bool  # a queued turn waits for the session
@@ -44,7 +56,9 @@ class Finished:
 
 async def finish_turn(
     db: AsyncSession,
+    database: Database,
     *,
+    alone: bool,
     tenant: str,
     reply: MessageRecord,
     usage: dict[str, int],
@@ -56,16 +70,17 @@ async def finish_turn(
     events: list[StoredEvent],
     version: str | None = None,
 ) -> Finished:
-    """Run `FINISH_TURN` in the caller's transaction. `reply` carries the seq after the
-    session's message count as the run left it; `events` end with the one reporting the
-    run's end. With `version` the session row must also still be at that version
-    (`session_rows`)."""
+    """Run `FINISH_TURN`: `alone`, autocommitted (`Database.execute_once`); otherwise in
+    `db`'s transaction. `reply` carries the seq after the session's message count as the
+    run left it; `events` end with the one reporting the run's end. With `version` the
+    session row must also still be at that version (`session_rows`)."""
     seen_seq = reply.seq - 1
     last = events[-1].seq
     params: dict[str, Any] = {
         "session_id": reply.session_id,
         "seen_seq": seen_seq,
         "seen_version": version,
+        "alone": alone,
         "now": finished_at,
         **{f"add_{name}": usage.get(name, 0) for name in USAGE_COUNTERS},
         **{f"m_{name}": value for name, value in reply.values().items()},
@@ -85,20 +100,41 @@ async def finish_turn(
         "channel": NOTIFY_CHANNEL,
         "payload": f"{run_id}:{last}",
     }
-    row = (await db.execute(FINISH_TURN, params)).one()
-    if not row.moved:
+    if alone:
+        [row] = await database.execute_once(FINISH_TURN, params)
+    else:
+        row = (await db.execute(FINISH_TURN, params)).one()
+    seen, new_version, settled, queued_next, has_endpoints = row[:5]
+    if not seen:
         raise Moved(f"session {reply.session_id} has moved past message {seen_seq}")
-    if not row.settled:  # the session row did move: the caller's rollback undoes it
+    if alone and has_endpoints:
+        raise NeedsOutbox(f"tenant {tenant} has webhook endpoints")
+    if not settled:
         raise LostOwnership(f"run {run_id} was ended or taken elsewhere")
-    return Finished(row.queued_next, row.has_endpoints, row.version)
+    return Finished(queued_next, has_endpoints, new_version)
 
 
-# The session row moves only while it still has the run's message count; the run row
-# settles only after it did and while the owner's epoch holds it; the rest is inserted
-# only when the run settled (FROM settled). The usage row is the budgets' upsert.
+# Both rows are locked before either is written, the session's first (the order of every
+# transaction that takes both): the session row while it still has the run's message
+# count (and version), then the run row while the owner's epoch holds it (and, alone,
+# while the tenant has no webhook endpoints). Only with both held does the session move
+# and the run settle, and neither can fail then; the rest is inserted only when the run
+# settled (FROM settled). The usage row is the budgets' upsert.
 FINISH_TURN = text(
     """
-    WITH moved AS (
+    WITH seen AS (
+        SELECT id FROM agent_sessions
+        WHERE id = :session_id AND message_seq = :seen_seq
+          AND (CAST(:seen_version AS text) IS NULL OR xmin::text = :seen_version)
+        FOR UPDATE
+    ), fence AS (
+        SELECT id FROM runs
+        WHERE id = :run_id AND epoch = :epoch AND status = 'running'
+          AND (NOT CAST(:alone AS boolean)
+               OR NOT EXISTS (SELECT 1 FROM webhook_endpoints WHERE tenant = :tenant))
+          AND EXISTS (SELECT 1 FROM seen)
+        FOR UPDATE
+    ), moved AS (
         UPDATE agent_sessions
         SET message_seq = message_seq + 1, head_uuid = :m_uuid, updated_at = :now,
             last_request_at = :now,
@@ -107,8 +143,7 @@ FINISH_TURN = text(
             cache_read_input_tokens = cache_read_input_tokens + :add_cache_read_input_tokens,
             cache_creation_input_tokens =
                 cache_creation_input_tokens + :add_cache_creation_input_tokens
-        WHERE id = :session_id AND message_seq = :seen_seq
-          AND (CAST(:seen_version AS text) IS NULL OR xmin::text = :seen_version)
+        WHERE id IN (SELECT id FROM seen) AND EXISTS (SELECT 1 FROM fence)
         RETURNING id, xmin::text AS version
     ), settled AS (
         UPDATE runs
@@ -117,8 +152,7 @@ FINISH_TURN = text(
             lease_expires_at = NULL, streaming_uuid = NULL, cancel_requested_at = NULL,
             usage = CAST(:run_usage AS jsonb), state = CAST(:state AS jsonb),
             last_event_seq = :last, reserved_seq = :last
-        WHERE id = :run_id AND epoch = :epoch AND status = 'running'
-          AND EXISTS (SELECT 1 FROM moved)
+        WHERE id IN (SELECT id FROM fence) AND EXISTS (SELECT 1 FROM moved)
         RETURNING id
     ), message AS (
         INSERT INTO messages (
@@ -146,7 +180,7 @@ FINISH_TURN = text(
             CAST(:e_seqs AS bigint[]), CAST(:e_names AS text[]), CAST(:e_data AS text[])
         ) AS e(seq, event, data)
     )
-    SELECT EXISTS (SELECT 1 FROM moved) AS moved,
+    SELECT EXISTS (SELECT 1 FROM seen) AS seen,
            (SELECT version FROM moved) AS version,
            EXISTS (SELECT 1 FROM settled) AS settled,
            EXISTS (

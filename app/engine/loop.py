@@ -423,34 +423,21 @@ class TurnRunner:
                 "finished_at": finished_at,
             }
         )
+        tenant, hooked = self._session.tenant, self.resources.webhook_tenants
         try:
-            async with self.step() as step:
-                step.report("message.completed", message_payload(record))
-                step.report(f"run.{RunStatus.COMPLETED}", settled.model_dump(mode="json"))
-                events = step.log.final_events()
-                found = await finishing.finish_turn(
-                    step.db,
-                    tenant=self._session.tenant,
-                    reply=record,
-                    usage=usage,
-                    run_id=self.run_id,
-                    epoch=step.log.channel.epoch,
-                    run_usage=self.run_usage,
-                    state=self.state.model_dump(mode="json", exclude_defaults=True),
-                    finished_at=finished_at,
-                    events=events,
-                    version=version,
-                )
-                if found.has_endpoints or self.params.webhook_url:
-                    await outbox.enqueue(step.db, self.run_id, ((e.event, e.data) for e in events))
-                step.head = record.uuid
-                step.stored.append(record)
-                self.queued_next = found.queued_next
-                self._settling = settled
+            # Alone (autocommitted) unless webhook deliveries go in the same transaction.
+            alone = not self.params.webhook_url and tenant not in hooked
+            try:
+                found = await self._finish_step(record, usage, settled, version, alone)
+            except finishing.NeedsOutbox:
+                hooked.add(tenant)
+                found = await self._finish_step(record, usage, settled, version, False)
         except finishing.Moved:
             self._last_seq = None
             self.resources.session_rows.forget(self._session.id)
             return False
+        if not found.has_endpoints:
+            hooked.discard(tenant)
         if version is not None:  # the row as it was at `version`, and what the step set
             session = self._session
             self.resources.session_rows.keep(
@@ -463,6 +450,44 @@ class TurnRunner:
                 **{name: getattr(session, name) + usage.get(name, 0) for name in USAGE_COUNTERS},
             )
         return True
+
+    async def _finish_step(
+        self,
+        record: MessageRecord,
+        usage: dict[str, int],
+        settled: RunOut,
+        version: str | None,
+        alone: bool,
+    ) -> finishing.Finished:
+        """The one-statement end (`finishing.finish_turn`) as the run's step; `alone`:
+        autocommitted, without the step's transaction."""
+        assert settled.finished_at is not None
+        async with self.step() as step:
+            step.report("message.completed", message_payload(record))
+            step.report(f"run.{RunStatus.COMPLETED}", settled.model_dump(mode="json"))
+            events = step.log.final_events()
+            found = await finishing.finish_turn(
+                step.db,
+                self.resources.db,
+                alone=alone,
+                tenant=self._session.tenant,
+                reply=record,
+                usage=usage,
+                run_id=self.run_id,
+                epoch=step.log.channel.epoch,
+                run_usage=self.run_usage,
+                state=self.state.model_dump(mode="json", exclude_defaults=True),
+                finished_at=settled.finished_at,
+                events=events,
+                version=version,
+            )
+            if found.has_endpoints or self.params.webhook_url:
+                await outbox.enqueue(step.db, self.run_id, ((e.event, e.data) for e in events))
+            step.head = record.uuid
+            step.stored.append(record)
+            self.queued_next = found.queued_next
+            self._settling = settled
+        return found
 
     async def store_user(self, content: list[Block], *, is_meta: bool = False) -> None:
         message = self._message(content, type="user", role="user", is_meta=is_meta)

@@ -57,6 +57,9 @@ class Resources:
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     compaction_skips: CompactionSkips = field(default_factory=CompactionSkips)
     session_rows: SessionRows = field(default_factory=SessionRows)
+    # Tenants last seen with webhook endpoints: a run's end goes in a transaction with
+    # their deliveries at once (`finishing.NeedsOutbox` corrects a stale guess).
+    webhook_tenants: set[str] = field(default_factory=set)
 
     @classmethod
     def of(cls, settings: Settings) -> Resources:

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import asyncio
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 
 from app.conversation import store
 from app.conversation.payloads import message_payload, run_json
 from app.domain import USAGE_COUNTERS, RunStatus
 from app.engine.quotas.budgets import INPUT_COUNTERS
-from app.models import AgentSession, Message, Run, TokenUsage
+from app.models import AgentSession, Message, Run, TokenUsage, WebhookDelivery, WebhookEndpoint
 from tests.engine.conftest import Harness, Outcome, assert_gap_free
 from tests.engine.scripted import ScriptedModel, held, reply, tool_use
 from tests.statements import recorded
 
-FINISH_MARK = "WITH moved AS"  # the head of `finishing.FINISH_TURN`
+FINISH_MARK = "WITH seen AS"  # the head of `finishing.FINISH_TURN`
 
 
 def finished_at_once(seen: list[str]) -> int:
@@ -124,3 +124,44 @@ async def test_an_owner_that_lost_the_run_stores_nothing_of_its_end(
     assert (await h.run(run.id)).status == RunStatus.RUNNING  # left to its new owner
     assert [e.seq for e in await h.events(run.id)] == [e.seq for e in events]
     await h.abandon(run.id)
+
+
+async def test_a_tenant_with_webhook_endpoints_gets_the_deliveries_with_the_end(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """The end goes alone (autocommitted) only for a tenant without endpoints: with one,
+    the alone try writes nothing and the end goes in a transaction with its deliveries;
+    the next end goes there at once, until the tenant has none again."""
+    session = await h.new_session()
+    async with h.db.transaction() as db:
+        endpoint = WebhookEndpoint(
+            tenant=session.tenant, url="https://hooks.example/in", events=["run.completed"]
+        )
+        endpoint.secret = "whsec_" + "x" * 32
+        db.add(endpoint)
+    tries: list[int] = []
+
+    async def turn(text: str) -> list[str]:
+        model.script(reply(f"reply to {text}"))
+        with recorded(h.db) as seen:
+            out = await h.settle((await h.start(session.id, text)).id)
+        tries.append(finished_at_once(seen))
+        await assert_stored_as_reported(h, session, out)
+        async with h.db.sessionmaker() as db:
+            found = await db.scalars(
+                select(WebhookDelivery.event).where(WebhookDelivery.run_id == out.run.id)
+            )
+            return list(found)
+
+    try:
+        assert await turn("first") == ["run.completed"]
+        assert await turn("second") == ["run.completed"]
+        assert tries == [2, 1], "tried alone once, then with the deliveries at once"
+        assert session.tenant in h.resources.webhook_tenants
+    finally:
+        async with h.db.transaction() as db:  # its deliveries go with it (cascade)
+            await db.execute(delete(WebhookEndpoint).where(WebhookEndpoint.id == endpoint.id))
+    assert await turn("third") == []
+    assert await turn("fourth") == []
+    assert tries[2:] == [1, 1]
+    assert session.tenant not in h.resources.webhook_tenants
