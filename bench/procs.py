@@ -102,12 +102,18 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def spawn(name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> Child:
+def spawn(
+    name: str,
+    argv: list[str],
+    log_dir: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path = ROOT,
+) -> Child:
     log_path = log_dir / f"{name}.log"
     log = log_path.open("wb")
     popen = subprocess.Popen(
         argv,
-        cwd=ROOT,
+        cwd=cwd,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -157,15 +163,23 @@ def parley_env(database_dsn: str, fake_url: str, api_key: str) -> dict[str, str]
     }
 
 
-async def start_parley(log_dir: Path, env: dict[str, str], *, profile: Path | None = None) -> Child:
-    """`python -m app serve` with this interpreter (or the same entry point under cProfile)."""
+async def start_parley(
+    log_dir: Path,
+    env: dict[str, str],
+    *,
+    profile: Path | None = None,
+    checkout: Path = ROOT,
+    name: str = "parley",
+) -> Child:
+    """`python -m app serve` with this interpreter (or the same entry point under
+    cProfile), from `checkout` (another checkout of the project runs its own code)."""
     port = free_port()
     serve = ["--host", "127.0.0.1", "--port", str(port)]
     if profile is None:
         argv = [sys.executable, "-m", "app", "serve", *serve]
     else:
         argv = [sys.executable, "-c", PROFILE_SNIPPET, str(profile), *serve]
-    child = spawn("parley", argv, log_dir, env)
+    child = spawn(name, argv, log_dir, env, cwd=checkout)
     child.url = f"http://127.0.0.1:{port}"
     await wait_http(child, "/healthz")
     return child

@@ -27,9 +27,12 @@ Parley (`uv run python -m app serve`, its own scratch database) and
 
 Streams that Parley ends without `run.completed` are counted and reported (a
 correctness finding), not fatal. `--profile-parley FILE` runs Parley under cProfile.
+`--base DIR` adds another checkout's Parley (its own process and scratch database, this
+interpreter) to phase 1 as a fourth system, `base`, interleaved with the others: a
+change measured against the code before it in one run, on a machine whose speed drifts.
 
     uv run python -m bench turns [--quick] [--only ttft,sizes,cache,streaming,followers]
-        [--profile-parley F]
+        [--profile-parley F] [--base DIR]
 """
 
 from __future__ import annotations
@@ -386,19 +389,24 @@ def rotated(targets: Sequence[Target], k: int) -> list[Target]:
 CpuMeter = Callable[[], dict[str, float]]
 
 
-def cpu_per_turn(before: dict[str, float], after: dict[str, float], turns: int) -> dict[str, float]:
+def cpu_per_turn(
+    before: dict[str, float], after: dict[str, float], turns: int, systems: int = 3
+) -> dict[str, float]:
     """CPU seconds per turn of each service process, and of the fake per model call
-    (each turn of each of the three systems is one model call)."""
-    out = {name: (after[name] - before[name]) / max(turns, 1) for name in ("parley", "proxy")}
-    out["fake"] = (after["fake"] - before["fake"]) / max(3 * turns, 1)
+    (each turn of each of the `systems` measured, direct included, is one model call)."""
+    out = {name: (after[name] - before[name]) / max(turns, 1) for name in before if name != "fake"}
+    out["fake"] = (after["fake"] - before["fake"]) / max(systems * turns, 1)
     return out
 
 
 def cpu_line(cpu: dict[str, float]) -> str:
-    return (
+    line = (
         f"process CPU per turn: parley {ms(cpu['parley'])} ms, proxy {ms(cpu['proxy'])} ms "
-        f"({ratio(cpu['parley'], cpu['proxy']):.1f}x); fake {ms(cpu['fake'])} ms per model call"
+        f"({ratio(cpu['parley'], cpu['proxy']):.2f}x)"
     )
+    if "base" in cpu:
+        line += f", base {ms(cpu['base'])} ms (parley/base {ratio(cpu['parley'], cpu['base']):.2f})"
+    return line + f"; fake {ms(cpu['fake'])} ms per model call"
 
 
 # --- 1. time to first token ---------------------------------------------------------------
@@ -436,7 +444,7 @@ def added_latency(service: Sequence[Timed], direct: Sequence[Timed]) -> list[flo
 
 def ttft_rows(samples: dict[str, list[Timed]]) -> tuple[list[list[Any]], dict[str, Any]]:
     rows, out = [], {}
-    for name in ("direct", "proxy", "parley"):
+    for name in [n for n in ("direct", "proxy", "parley", "base") if n in samples]:
         ttft = [t.sample.ttft for t in samples[name]]
         added = added_latency(samples[name], samples["direct"])
         fig = {
@@ -467,6 +475,11 @@ def report_ttft(clients: int, samples: dict[str, list[Timed]]) -> dict[str, Any]
         f"p99 {r99:.2f} {verdict(r99, TARGETS['added_p99'])}"
     )
     out["ratio_added_p50"], out["ratio_added_p99"] = r50, r99
+    if "base" in out:
+        b50 = ratio(out["parley"]["added_p50"], out["base"]["added_p50"])
+        b99 = ratio(out["parley"]["added_p99"], out["base"]["added_p99"])
+        print(f"Parley added / base added: p50 {b50:.2f}, p99 {b99:.2f}")
+        out["ratio_base_added_p50"], out["ratio_base_added_p99"] = b50, b99
     return out
 
 
@@ -733,6 +746,7 @@ class Bench:
     parley: Parley
     fake: httpx.AsyncClient
     children: dict[str, Child]
+    base: Parley | None = None  # another checkout's Parley (`--base`), phase 1 only
     results: dict[str, Any] = field(default_factory=dict)
 
     def cpu(self) -> dict[str, float]:
@@ -745,14 +759,17 @@ class Bench:
     async def ttft(self) -> None:
         words = TextFactory(3)
         plan = self.plan
-        await ttft_phase(self.targets, 1, plan.warmup_rounds, words)  # warm-up, discarded
-        await ttft_phase(self.targets, plan.clients, plan.clients, words)
+        targets = [*self.targets, *([self.base] if self.base else [])]
+        await ttft_phase(targets, 1, plan.warmup_rounds, words)  # warm-up, discarded
+        await ttft_phase(targets, plan.clients, plan.clients, words)
         for clients, turns in ((1, plan.c1_turns), (plan.clients, plan.c10_turns)):
             self.parley.truncated.clear()
             before = self.cpu()
-            samples = await ttft_phase(self.targets, clients, turns, words)
+            samples = await ttft_phase(targets, clients, turns, words)
             out = report_ttft(clients, samples)
-            out["cpu_per_turn"] = cpu_per_turn(before, self.cpu(), len(samples["proxy"]))
+            out["cpu_per_turn"] = cpu_per_turn(
+                before, self.cpu(), len(samples["proxy"]), len(targets)
+            )
             print(cpu_line(out["cpu_per_turn"]))
             out["parley_truncated_streams"] = report_truncated(
                 self.parley.truncated, len(samples["parley"])
@@ -863,7 +880,24 @@ async def start_children(
     return fake, parley, proxy
 
 
-async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) -> int:
+async def start_base(
+    stack: AsyncExitStack, log_dir: Path, checkout: Path, fake: Child
+) -> tuple[Child, Parley]:
+    """Parley from another checkout, on a scratch database of its own (which its `serve`
+    migrates with its own migrations)."""
+    url = await stack.enter_async_context(scratch_database(PARLEY_DB + "_base"))
+    env = parley_env(plain_dsn(url), fake.url, API_KEY)
+    child = await start_parley(log_dir, env, checkout=checkout, name="base")
+    stack.callback(child.stop)
+    target = Parley(child.url, url, {})
+    target.name = "base"
+    stack.push_async_callback(target.aclose)
+    return child, target
+
+
+async def run(
+    plan: Plan, phases: set[str], profile: Path | None, save: bool, base: Path | None = None
+) -> int:
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
         parley_url = await stack.enter_async_context(scratch_database(PARLEY_DB))
@@ -875,13 +909,18 @@ async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) ->
         fake, parley_child, proxy_child = await start_children(
             stack, log_dir, parley_url, plain_dsn(proxy_url), profile
         )
+        children = {"fake": fake, "parley": parley_child, "proxy": proxy_child}
+        base_target = None
+        if base is not None:
+            children["base"], base_target = await start_base(stack, log_dir, base, fake)
         bench = Bench(
             plan,
             Direct(fake.url),
             Proxy(proxy_child.url, plain_dsn(proxy_url)),
             Parley(parley_child.url, parley_url, {}),
             httpx.AsyncClient(base_url=fake.url, timeout=60),
-            {"fake": fake, "parley": parley_child, "proxy": proxy_child},
+            children,
+            base_target,
         )
         for closer in (bench.direct, bench.proxy, bench.parley):
             stack.push_async_callback(closer.aclose)
@@ -892,7 +931,7 @@ async def run(plan: Plan, phases: set[str], profile: Path | None, save: bool) ->
                 if phase in phases:
                     await getattr(bench, phase)()
         except Exception:
-            for child in (fake, parley_child, proxy_child):
+            for child in children.values():
                 print(f"--- {child.name} log (tail) ---\n{child.tail()}")
             raise
         print(f"\ntotal {time.perf_counter() - started:.0f}s")
@@ -937,6 +976,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(PHASES), help="phases to run")
     parser.add_argument("--profile-parley", type=Path, help="run Parley under cProfile, to FILE")
     parser.add_argument("--no-save", action="store_true", help="no JSON in bench/results/")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        help="another checkout of Parley, run beside this one in phase 1 (same interpreter)",
+    )
     return parser.parse_args(argv)
 
 
@@ -948,5 +992,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"unknown phase(s): {sorted(unknown)}")
     plan = QUICK if args.quick else FULL
     profile = args.profile_parley.resolve() if args.profile_parley else None
-    code = asyncio.run(run(plan, phases, profile, save=not args.no_save and not args.quick))
+    base = args.base.resolve() if args.base else None
+    save = not args.no_save and not args.quick
+    code = asyncio.run(run(plan, phases, profile, save=save, base=base))
     return 0 if args.quick else code
