@@ -73,7 +73,9 @@ export async function followRun({
       for await (const message of sseEvents(response, touch)) {
         failures = 0;
         if (message.id === null || message.id === "") {
-          if (message.event === "shutdown") break; // the replica is going away: reconnect
+          // An event without an id is not part of the run's log: the server's notice that
+          // it is shutting down (an `error` of type `unavailable`). Reconnect.
+          if (message.event === "error") break;
           continue;
         }
         const id = Number(message.id);
