@@ -7,6 +7,7 @@ must wait for a commit (starting a claimed run) is registered with `after_commit
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from enum import StrEnum
@@ -34,6 +35,9 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+# The logger SQLAlchemy's `echo` writes to.
+_ECHO = logging.getLogger("sqlalchemy.engine.Engine")
 
 # SQLSTATEs of a server that cannot serve now: connection exceptions (class 08), shutting
 # down or starting up (57P01-57P03), too many connections (53300).
@@ -263,11 +267,14 @@ class Database:
                 auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
                 return list(await auto.execute(statement, params))
         sql, names = self._positional(statement)
+        args = [params[name] for name in names]
+        if self.engine.sync_engine.echo:  # SQLAlchemy's echo log shows these too
+            _ECHO.info("%s\n[autocommitted, through the driver] %r", sql, args)
         async with self.engine.connect() as conn:
             driver = (await conn.get_raw_connection()).driver_connection
             assert driver is not None
             try:
-                rows: list[Any] = await driver.fetch(sql, *[params[name] for name in names])
+                rows: list[Any] = await driver.fetch(sql, *args)
             except Exception as exc:
                 translated = driver_error(exc, sql, params, closed=driver.is_closed())
                 if translated.connection_invalidated:

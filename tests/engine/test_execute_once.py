@@ -67,3 +67,19 @@ async def test_a_connection_the_server_ended_is_transient_and_replaced(
 
     [(after,)] = await one_connection.execute_once(PID, {})
     assert after != before, "the dead connection was dropped from the pool"
+
+
+async def test_the_echo_log_shows_what_goes_through_the_driver(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`PARLEY_DB_ECHO` shows every statement, these included (they bypass SQLAlchemy's
+    execution, which writes the echo log)."""
+    database = Database(make_engine(make_settings(database_url, db_echo=True)))
+    try:
+        with caplog.at_level("INFO", logger="sqlalchemy.engine.Engine"):
+            await database.execute_once(text("SELECT :n + 1"), {"n": 41})
+    finally:
+        await database.dispose()
+    assert any(
+        "SELECT $1 + 1" in r.getMessage() and "[41]" in r.getMessage() for r in caplog.records
+    )
