@@ -251,6 +251,12 @@ class Database:
                 await rollback(db)
                 raise
 
+    @property
+    def through_driver(self) -> bool:
+        """Whether `execute_once` hands statements to the driver itself (Postgres, the
+        session factory on this engine): out of sight of SQLAlchemy's events."""
+        return not self.is_sqlite and self.sessionmaker.kw.get("bind") is self.engine
+
     async def execute_once(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
         """Run one statement as its own transaction and return its rows (read them by
         position: on Postgres they are the driver's records). On the engine it is
@@ -259,13 +265,16 @@ class Database:
         would send it (compiled once), without the work SQLAlchemy does around each
         execution: these are statements of every turn. (Tests that bind the session
         factory to an outer transaction get a transaction of that factory instead.)"""
+        if self.through_driver:
+            return await self._fetch(statement, params)
         if self.sessionmaker.kw.get("bind") is not self.engine:
             async with self.transaction() as db:
                 return list(await db.execute(statement, params))
-        if self.is_sqlite:
-            async with self.engine.connect() as conn:
-                auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
-                return list(await auto.execute(statement, params))
+        async with self.engine.connect() as conn:  # SQLite
+            auto = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            return list(await auto.execute(statement, params))
+
+    async def _fetch(self, statement: TextClause, params: dict[str, Any]) -> list[Any]:
         sql, names = self._positional(statement)
         args = [params[name] for name in names]
         if self.engine.sync_engine.echo:  # SQLAlchemy's echo log shows these too

@@ -24,7 +24,7 @@ def recorded(database: Database) -> Iterator[list[str]]:
         seen.append(statement)
 
     async def once(statement: TextClause, params: dict[str, Any]) -> list[Any]:
-        if not database.is_sqlite and database.sessionmaker.kw.get("bind") is database.engine:
+        if database.through_driver:
             seen.append(statement.text)  # what SQLAlchemy's events never see
         return await execute_once(statement, params)
 

@@ -3,7 +3,9 @@ regenerating a reply, a manual compaction, a client's tool results, and cancelli
 
 Each call works inside the request's transaction: it stores what the client sent and
 claims the session (or queues the turn), and registers the launch of the run for after
-the commit, so a run never starts on rows that might still roll back.
+the commit, so a run never starts on rows that might still roll back. The exception is a
+plain turn's one-statement claim (`runs.claim_at_once`), its own transaction: stored
+when it returns, its run launches at once.
 """
 
 from __future__ import annotations
@@ -163,8 +165,9 @@ class Admission:
     ) -> Run:
         """The run this key already made, or: store the turn and claim the session, or
         queue it (`enqueue`), or cancel the active run first (`interrupt`). The run is
-        launched after the commit. `version`: the session row's as `session` shows it
-        (Postgres `xmin`), when known: the one-statement claim is guarded on it.
+        launched after the commit (at once after a one-statement claim). `version`: the
+        session row's as `session` shows it (Postgres `xmin`), when known: the
+        one-statement claim is guarded on it.
 
         Posts that look before they claim (for their key's run, for the active run) take
         the session row first, so racing posts are admitted one after another, each
