@@ -25,7 +25,7 @@ from app.conversation.payloads import message_out, run_out
 from app.conversation.records import MessageRecord
 from app.domain import RunStatus
 from app.engine import runs
-from app.engine.events import SHUTDOWN
+from app.engine.events import SHUTDOWN, StoredEvent
 from app.engine.runtime import Runtime
 from app.models import Run
 from app.schemas import RunOut, TurnResult
@@ -59,6 +59,12 @@ class EventStream(EventSourceResponse):
             log.info("closed an event stream whose client stopped reading")
 
 
+def encoded(event: StoredEvent) -> bytes:
+    if event is SHUTDOWN:  # not part of the run's log: no id
+        return ServerSentEvent(event=event.event, data=event.data).encode()
+    return ServerSentEvent(id=str(event.seq), event=event.event, data=event.data).encode()
+
+
 def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceResponse:
     shutdown = anyio.Event()
 
@@ -66,15 +72,12 @@ def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceRe
         async with runtime.db.sessionmaker() as db:
             return await runs.status_of(db, run_id)
 
-    async def events() -> AsyncIterator[ServerSentEvent]:
+    async def events() -> AsyncIterator[bytes]:
         metrics.sse_streams.inc()
         source = runtime.events.follow(run_id, after, status=status, stop=shutdown)
         try:
-            async for event in source:
-                if event is SHUTDOWN:  # not part of the run's log: no id
-                    yield ServerSentEvent(event=event.event, data=event.data)
-                else:
-                    yield ServerSentEvent(id=str(event.seq), event=event.event, data=event.data)
+            async for batch in source:  # what is at hand goes out in one write
+                yield b"".join(encoded(event) for event in batch)
         finally:
             with contextlib.suppress(Exception):
                 await source.aclose()

@@ -146,6 +146,16 @@ SHUTDOWN = StoredEvent(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Events a follower sends together; whether its stream ends with them, or goes
+    back to catching up (a gap, or the channel closed)."""
+
+    events: list[StoredEvent]
+    ends: bool = False
+    interrupted: bool = False
+
+
 class LostOwnership(Exception):
     """The run has another owner now (taken over, or ended elsewhere): this process must
     not write for it any more."""
@@ -669,10 +679,11 @@ class EventHub:
         status: Callable[[], Awaitable[str | None]],
         stop: Waitable | None = None,
         poll_seconds: float = 1.0,
-    ) -> AsyncGenerator[StoredEvent, None]:
+    ) -> AsyncGenerator[list[StoredEvent], None]:
         """Every event after `after`, in order and without gaps, until the run ends or
         pauses for client tools; `SHUTDOWN` (then the end) once `stop` (an event with
-        `wait()`) is set."""
+        `wait()`) is set. In batches: the events at hand together, so that a stream
+        writes them at once."""
         last = after
         inbox: asyncio.Queue[StoredEvent | None] = asyncio.Queue()
         wakeup = asyncio.Event()
@@ -705,39 +716,39 @@ class EventHub:
                 else:
                     caught_up = await self.stored(run_id, last)
                 # Ids grow; a jump in the table is a lost range (never stored, never reused).
-                for event in caught_up:
-                    if event.seq <= last:
-                        continue
-                    last = event.seq
-                    yield event
-                    if await self._stops(event, run_id, status):
-                        return
+                batch = await self._take(caught_up, last, run_id, status, gaps=True)
+                if batch.events:
+                    last = batch.events[-1].seq
+                    yield batch.events
+                if batch.ends:
+                    return
                 if channel is not None and run_id in self.channels:
-                    # Live: in order; a gap (never expected) sends us back to catch up.
-                    while (live := await inbox.get()) is not None:
-                        if live is SHUTDOWN:
-                            yield live
+                    # Live: in order; a gap (never expected) or the channel's end (None)
+                    # sends us back to catch up.
+                    while True:
+                        live = [await inbox.get()]
+                        while not inbox.empty():
+                            live.append(inbox.get_nowait())
+                        batch = await self._take(live, last, run_id, status, gaps=False)
+                        if batch.events:
+                            last = batch.events[-1].seq
+                            yield batch.events
+                        if batch.ends:
                             return
-                        if live.seq <= last:
-                            continue
-                        if live.seq > last + 1:
+                        if batch.interrupted:
                             break
-                        last = live.seq
-                        yield live
-                        if await self._stops(live, run_id, status):
-                            return
                     continue
                 current = await status()
                 if current is None or current in FINAL_RUN_STATUSES:
                     # The status commits just before the final event: let it land.
-                    async for event in self._tail(run_id, last):
-                        yield event
+                    async for events in self._tail(run_id, last):
+                        yield events
                     return
                 wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), timeout=poll_seconds)
                 if stopping is not None and stopping.done():
-                    yield SHUTDOWN
+                    yield [SHUTDOWN]
                     return
         finally:
             if stopping is not None:
@@ -750,16 +761,47 @@ class EventHub:
                 if not waiters:
                     self._wakeups.pop(run_id, None)
 
+    async def _take(
+        self,
+        events: Iterable[StoredEvent | None],
+        last: int,
+        run_id: uuid.UUID,
+        status: Callable[[], Awaitable[str | None]],
+        *,
+        gaps: bool,
+    ) -> Batch:
+        """What a follower at `last` sends of `events`: those after it, in order, up to
+        the one that ends its stream. Unless `gaps` are allowed (the table: a jump is a
+        lost range), a jump or None (the channel closed) interrupts the batch."""
+        taken: list[StoredEvent] = []
+        for event in events:
+            if event is None:
+                return Batch(taken, interrupted=True)
+            if event is SHUTDOWN:
+                return Batch([*taken, event], ends=True)
+            if event.seq <= last:
+                continue
+            if not gaps and event.seq > last + 1:
+                return Batch(taken, interrupted=True)
+            last = event.seq
+            taken.append(event)
+            if await self._stops(event, run_id, status):
+                return Batch(taken, ends=True)
+        return Batch(taken)
+
     async def _tail(
         self, run_id: uuid.UUID, last: int, wait_seconds: float = 5.0
-    ) -> AsyncGenerator[StoredEvent, None]:
+    ) -> AsyncGenerator[list[StoredEvent], None]:
         deadline = asyncio.get_running_loop().time() + wait_seconds
         while True:
-            for event in await self.stored(run_id, last):
-                last = event.seq
-                yield event
+            stored = await self.stored(run_id, last)
+            for i, event in enumerate(stored):
                 if event.event in TERMINAL_EVENTS:
+                    yield stored[: i + 1]
                     return
+            if stored:
+                last = stored[-1].seq
+                yield stored
             if asyncio.get_running_loop().time() > deadline:
                 return
             await asyncio.sleep(0.05)
