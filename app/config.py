@@ -261,7 +261,17 @@ class Settings(BaseSettings):
 
     def limits_of(self, tenant: str) -> TenantLimits:
         """The tenant's limits: its overrides, else the service-wide settings."""
-        own = self.tenant_limits.get(tenant, TenantLimits())
+        return self.merged_limits.get(tenant, self.default_limits)
+
+    @cached_property
+    def merged_limits(self) -> dict[str, TenantLimits]:
+        return {tenant: self._merged(own) for tenant, own in self.tenant_limits.items()}
+
+    @cached_property
+    def default_limits(self) -> TenantLimits:
+        return self._merged(TenantLimits())
+
+    def _merged(self, own: TenantLimits) -> TenantLimits:
         return TenantLimits(
             requests_per_minute=_first(own.requests_per_minute, self.rate_requests_per_minute),
             turns_per_minute=_first(own.turns_per_minute, self.rate_turns_per_minute),

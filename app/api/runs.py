@@ -64,7 +64,12 @@ async def post_turn(
     interrupts; a repeated `Idempotency-Key` answers with the same run (422 if the body
     differs). `webhook_url` is told of this run's events too (422 when refused)."""
     mode = delivery_mode(request, stream=body.stream, background=body.background)
-    digest = request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+    # what a retry with the same key must repeat (a post without a key has no retry)
+    digest = (
+        request_hash(body.model_dump(mode="json", exclude={"stream", "background"}))
+        if idempotency_key is not None
+        else ""
+    )
     if body.webhook_url is not None:
         await endpoints.check_turn_url(runtime.settings, body.webhook_url)
     run = await runtime.admission.post_turn(

@@ -21,6 +21,7 @@ from typing import Any, cast
 from sqlalchemy import String, Table, literal_column, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_dict
 
 from app.conversation import sessions
 from app.conversation.views import footprint
@@ -87,6 +88,16 @@ class SessionRows:
             self.size -= old.size
 
 
+def _detached(values: dict[str, Any]) -> AgentSession:
+    """A detached row holding `values`, as if loaded (nothing to flush): filled the way
+    the ORM fills a row it reads, not attribute by attribute (a turn's hot path). Only
+    the one-statement claim uses it; any other path reads the row into its session."""
+    row = cast(AgentSession, AgentSession.__mapper__.class_manager.new_instance())
+    instance_dict(row).update(values)
+    make_transient_to_detached(row)
+    return row
+
+
 async def for_turn(
     db: AsyncSession, rows: SessionRows, tenant: str, session_id: uuid.UUID
 ) -> TurnSession:
@@ -98,10 +109,7 @@ async def for_turn(
     kept = rows.get(session_id)
     if kept is not None and kept.values["token_budget"] is None:
         # Its tenant is checked on the kept row: a session's tenant never changes.
-        session = sessions.owned(AgentSession(**kept.values), tenant, session_id)
-        make_transient_to_detached(session)  # as if loaded: nothing to flush
-        db.add(session)
-        return TurnSession(session, kept.version)
+        return TurnSession(sessions.owned(_detached(kept.values), tenant, session_id), kept.version)
     found = (await db.execute(_READ.where(sessions_t.c.id == session_id))).first()
     read, version = found if found is not None else (None, "")
     session = sessions.owned(read, tenant, session_id)
