@@ -146,10 +146,18 @@ async def load_session(
 
 
 async def load_turn_session(
-    db: DbDep, caller: CallerDep, runtime: RuntimeDep, session_id: Annotated[uuid.UUID, Path()]
+    request: Request,
+    db: DbDep,
+    runtime: RuntimeDep,
+    session_id: Annotated[uuid.UUID, Path()],
 ) -> TurnSession:
-    """The session a turn is posted to, from the row this process keeps when it has it
-    (`session_rows`: the claim is guarded on its version)."""
+    """The session a turn is posted to, for a caller counted against its key's request
+    and turn rates; from the row this process keeps when it has it (`session_rows`: the
+    claim is guarded on its version). One dependency where another route has three
+    (`CallerDep`, `count_turn`, `SessionDep`): FastAPI's work per dependency is a
+    noticeable part of a turn's."""
+    caller = await get_caller(request, db, runtime)
+    await count_turn(caller, runtime)
     check_token_session(caller, session_id)
     return await session_rows.for_turn(
         db, runtime.resources.session_rows, caller.tenant, session_id

@@ -46,7 +46,6 @@ TURN_RESPONSES = {
     "/messages",
     responses=TURN_RESPONSES,
     response_model=None,
-    dependencies=[Depends(count_turn)],
     summary="Post a turn",
 )
 async def post_turn(
