@@ -58,14 +58,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.runtime = runtime
     install_handlers(app)
     openapi.install(app)
-    # transcripts first: its `/sessions/import` must win over `/sessions/{session_id}`
+    # runs first: it has the turn routes, and routes are matched in order; transcripts
+    # before sessions: its `/sessions/import` must win over `/sessions/{session_id}`
     for module in (
+        runs,
         ops,
         playground,
         transcripts,
         sessions,
         messages,
-        runs,
         compaction,
         files,
         webhooks,

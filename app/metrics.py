@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -75,8 +77,16 @@ __all__ = ["CONTENT_TYPE", "REGISTRY", "render"]
 
 
 def observe_request(method: str, route: str, status: int, seconds: float) -> None:
-    http_requests.labels(method, route, str(status)).inc()
-    http_latency.labels(method, route).observe(seconds)
+    requests, latency = _request_series(method, route, status)
+    requests.inc()
+    latency.observe(seconds)
+
+
+@functools.cache  # as many entries as the metrics have series
+def _request_series(method: str, route: str, status: int) -> tuple[Counter, Histogram]:
+    """The series of one kind of request, looked up once: `labels` takes a lock and
+    builds its key on every call."""
+    return http_requests.labels(method, route, str(status)), http_latency.labels(method, route)
 
 
 def render() -> bytes:

@@ -60,9 +60,14 @@ class EventStream(EventSourceResponse):
 
 
 def encoded(event: StoredEvent) -> bytes:
+    """The event as an SSE frame, as sse-starlette writes it. Stored data is JSON on one
+    line and event names are ours, so the frame is written straight out; data with a
+    line break goes through sse-starlette's encoder, which splits it into lines."""
     if event is SHUTDOWN:  # not part of the run's log: no id
         return ServerSentEvent(event=event.event, data=event.data).encode()
-    return ServerSentEvent(id=str(event.seq), event=event.event, data=event.data).encode()
+    if "\n" in event.data or "\r" in event.data:
+        return ServerSentEvent(id=str(event.seq), event=event.event, data=event.data).encode()
+    return f"id: {event.seq}\r\nevent: {event.event}\r\ndata: {event.data}\r\n\r\n".encode()
 
 
 def sse_stream(runtime: Runtime, run_id: uuid.UUID, after: int) -> EventSourceResponse:
