@@ -10,9 +10,9 @@ fenced by the owner's epoch as every write of the owner is (`LostOwnership`).
 
 The statement writes all of it or nothing (both rows are locked before either is
 written), so it needs no transaction around it: `alone`, it is autocommitted, one round
-trip. Alone it also requires the tenant to have no webhook
-endpoints, whose deliveries must be stored in the same transaction as the events
-(`outbox.enqueue`); a tenant with endpoints gets `NeedsOutbox`, nothing written.
+trip. Alone it also requires the tenant to have no webhook endpoints, whose deliveries
+must be stored in the same transaction as the events (`outbox.enqueue`); a tenant with
+endpoints gets `NeedsOutbox`, nothing written.
 """
 
 from __future__ import annotations
