@@ -27,6 +27,14 @@ runs_total = Counter(
     ["kind", "status"],
     registry=REGISTRY,
 )
+turn_claims = Counter(
+    "parley_turn_claims_total",
+    "Plain turns claimed in one statement, by outcome (stored, or guard_failed: the turn "
+    "went the careful way) and whether the model request was sent meanwhile (a failed "
+    "guard then closed it: a request the provider may bill for nothing)",
+    ["outcome", "overlapped"],
+    registry=REGISTRY,
+)
 runs_active = Gauge("parley_runs_active", "Runs executing in this process", registry=REGISTRY)
 run_takeovers = Counter(
     "parley_run_takeovers_total",

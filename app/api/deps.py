@@ -16,7 +16,7 @@ from app.config import Settings
 from app.conversation import session_rows, sessions
 from app.conversation.session_rows import TurnSession
 from app.conversation.views import ChainCache
-from app.db import commit, rollback
+from app.db import after_commit, commit, rollback
 from app.engine.runtime import Runtime
 from app.errors import Forbidden, NotFound, Unauthorized
 from app.models import AgentSession
@@ -139,10 +139,20 @@ def check_token_session(caller: auth.Caller, session_id: uuid.UUID) -> None:
 
 
 async def load_session(
-    db: DbDep, caller: CallerDep, session_id: Annotated[uuid.UUID, Path()]
+    request: Request,
+    db: DbDep,
+    caller: CallerDep,
+    runtime: RuntimeDep,
+    session_id: Annotated[uuid.UUID, Path()],
 ) -> AgentSession:
+    """The caller's session. A request that may change it (any method but GET and HEAD)
+    forgets the copy of its row kept in memory once it commits (`session_rows`)."""
     check_token_session(caller, session_id)
-    return await sessions.get(db, caller.tenant, session_id)
+    session = await sessions.get(db, caller.tenant, session_id)
+    if request.method not in ("GET", "HEAD"):
+        rows = runtime.resources.session_rows
+        after_commit(db, lambda: rows.forget(session_id))
+    return session
 
 
 async def load_turn_session(

@@ -9,6 +9,13 @@ the request started from, so a row changed anywhere else (another replica's PATC
 delete, any write that does not keep its row here) fails the guard, writes nothing,
 and the turn takes the careful path, which reads the row. Per process, least recently
 used out first, bounded in bytes.
+
+A turn's model request may be sent while its claim is stored, and a claim whose guard
+fails then wastes that request, so the kept row also says what it proves about runs: a
+row the end of a run left (`idle`) shows the session with no active run at that
+version; a row read, or left by a claim, shows nothing of the kind. And the process
+remembers the sessions whose guard failed after such a start (`shared`): another writer
+(a replica, a concurrent post) works on them, so their turns are claimed first.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ class KeptRow:
     version: str
     size: int  # bytes, roughly (`footprint` of the `LARGE` values)
     large: list[Any]
+    idle: bool  # left by the end of a run: no run was active at `version`
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +60,12 @@ class TurnSession:
 
 
 class SessionRows:
-    def __init__(self, max_bytes: int = 32 * 2**20) -> None:
+    def __init__(self, max_bytes: int = 32 * 2**20, max_shared: int = 10_000) -> None:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[uuid.UUID, KeptRow] = OrderedDict()
         self.size = 0
+        self.max_shared = max_shared
+        self._shared: OrderedDict[uuid.UUID, None] = OrderedDict()
 
     def get(self, session_id: uuid.UUID) -> KeptRow | None:
         kept = self.entries.get(session_id)
@@ -63,8 +73,11 @@ class SessionRows:
             self.entries.move_to_end(session_id)
         return kept
 
-    def keep(self, session: AgentSession, version: str, **changes: Any) -> None:
-        """Keep `session`'s values with `changes` applied, as of row version `version`."""
+    def keep(
+        self, session: AgentSession, version: str, *, idle: bool = False, **changes: Any
+    ) -> None:
+        """Keep `session`'s values with `changes` applied, as of row version `version`;
+        `idle`: left by the end of a run (the session had no active run then)."""
         values = {name: getattr(session, name) for name in ATTRIBUTES}
         values.update(changes)
         large = [values[name] for name in LARGE]
@@ -76,7 +89,7 @@ class SessionRows:
         self.forget(session.id)
         if size > self.max_bytes:
             return
-        self.entries[session.id] = KeptRow(values, version, size, large)
+        self.entries[session.id] = KeptRow(values, version, size, large, idle)
         self.size += size
         while self.size > self.max_bytes:
             _, evicted = self.entries.popitem(last=False)
@@ -86,6 +99,30 @@ class SessionRows:
         old = self.entries.pop(session_id, None)
         if old is not None:
             self.size -= old.size
+
+    def idle(self, session_id: uuid.UUID, version: str | None) -> bool:
+        """Whether the row kept at `version` was left by the end of a run, and no guard
+        of this session failed unforeseen here (`changed_elsewhere`): a claim from it
+        is all but sure to be stored."""
+        kept = self.entries.get(session_id)
+        return (
+            kept is not None
+            and kept.idle
+            and kept.version == version
+            and session_id not in self._shared
+        )
+
+    def changed_elsewhere(self, session_id: uuid.UUID) -> None:
+        """A guard that the kept row said would hold failed: forget the row, and
+        remember the session as shared (the `max_shared` most recent ones)."""
+        self.forget(session_id)
+        self._shared[session_id] = None
+        self._shared.move_to_end(session_id)
+        if len(self._shared) > self.max_shared:
+            self._shared.popitem(last=False)
+
+    def shared(self, session_id: uuid.UUID) -> bool:
+        return session_id in self._shared
 
 
 def _detached(values: dict[str, Any]) -> AgentSession:

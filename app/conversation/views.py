@@ -118,6 +118,13 @@ class ChainCache:
         )
         self._put(session_id, chain)
 
+    def forget(self, session_id: uuid.UUID) -> None:
+        """Drop the session's view: a run extended it with a claim that was not stored."""
+        old = self.entries.pop(session_id, None)
+        if old is not None:
+            self.size -= old.size
+        self.memos.pop(session_id, None)
+
     def marks_at(self, session_id: uuid.UUID, version: int) -> marks.Marks | None:
         """The session's marks kept at `version`, if that is the version kept (no I/O)."""
         cached = self.entries.get(session_id)

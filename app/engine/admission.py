@@ -3,9 +3,10 @@ regenerating a reply, a manual compaction, a client's tool results, and cancelli
 
 Each call works inside the request's transaction: it stores what the client sent and
 claims the session (or queues the turn), and registers the launch of the run for after
-the commit, so a run never starts on rows that might still roll back. The exception is a
-plain turn's one-statement claim (`runs.claim_at_once`), its own transaction: stored
-when it returns, its run launches at once.
+the commit, so a run never starts on rows that might still roll back, except *pending*:
+its model request is sent while the claim is stored, and it sends and writes nothing
+until then (stopped, upstream request included, if the claim is not stored). A plain
+turn's claim is one statement of its own (`runs.claim_at_once`), stored when it returns.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ class Admission:
         if claimed is not None and db.get_bind().dialect.name == "postgresql":
             supervisor.launch(run, session, claimed, pending=True)
             after_commit(db, lambda: supervisor.confirm(run.id))
-            after_rollback(db, lambda: supervisor.abort(run.id))
+            after_rollback(db, lambda: supervisor.abort(run))
         else:
             after_commit(db, lambda: supervisor.launch(run, session, claimed))
 
@@ -181,31 +182,19 @@ class Admission:
             await self.check_quotas(db, session)
             await self._check_running(db, session)
             self._check_accepting()
-            claimed = await runs.claim_at_once(
-                db,
-                self.resources.db,
-                session,
-                run,
-                worker_id=self.resources.worker_id,
-                lease_seconds=self.resources.settings.run_lease_seconds,
-                version=version,
-            )
-            if claimed is not None:  # stored: the run starts now
-                if session in db:  # the run's own: a rollback of `db` must not expire it
-                    db.expunge(session)
-                self.supervisor.launch(run, session, claimed)
-                if claimed.version is not None and claimed.record is not None:
-                    self.resources.session_rows.keep(
-                        session, claimed.version, updated_at=claimed.record.created_at
-                    )
-                await asyncio.sleep(0)  # the run sends its model request before this goes on
+            claimed = await self._claim_at_once(db, session, run, version)
+            if claimed is not None:
                 return run
-            self.resources.session_rows.forget(session.id)
+            # Not claimed: the run launched meanwhile (if any) keeps its id until it stops.
+            run = self._new_run(session, kind, params, idempotency_key, digest)
         if at_once or version is not None:
             # Read the row again: it changed since it was read, or it is a copy kept in
-            # memory (only the guarded claim above may start from one). Then look, claim.
+            # memory (only the guarded claim above may start from one). Then look, claim,
+            # and forget the kept copy once this has changed the row.
             found = await db.get(AgentSession, session.id, populate_existing=True)
             session = sessions.owned(found, session.tenant, session.id)
+            rows, session_id = self.resources.session_rows, session.id
+            after_commit(db, lambda: rows.forget(session_id))
         if if_busy == IfBusy.INTERRUPT:
             earlier = await self._interrupt(db, session, idempotency_key, digest)
             if earlier is not None:
@@ -249,6 +238,57 @@ class Admission:
         )
         self._launch_after_commit(db, run, session, claimed)
         return run
+
+    async def _claim_at_once(
+        self, db: AsyncSession, session: AgentSession, run: Run, version: str | None
+    ) -> runs.Claimed | None:
+        """The one-statement claim. When the claim is all but sure to be stored (no
+        retry, and the session row kept at `version` was left by the end of a run, with
+        nothing seen to change it since: `SessionRows.idle`), the run is launched
+        pending just before the statement is sent, so its model request travels while
+        the statement does; otherwise the run launches once the claim is stored (a
+        failed guard would close a model request just opened, which the provider may
+        bill). None when the guard failed: nothing stored, a pending run stopped and its
+        model request closed."""
+        supervisor, session_rows = self.supervisor, self.resources.session_rows
+        if session in db:  # the run's own: a rollback of `db` must not expire it
+            db.expunge(session)
+        pending = run.idempotency_key is None and session_rows.idle(session.id, version)
+        session_rows.forget(session.id)  # kept again once stored; a post meanwhile reads it
+
+        def launch_pending(claim: runs.Claimed) -> None:
+            supervisor.launch(run, session, claim, pending=True)
+
+        try:
+            claimed = await runs.claim_at_once(
+                db,
+                self.resources.db,
+                session,
+                run,
+                worker_id=self.resources.worker_id,
+                lease_seconds=self.resources.settings.run_lease_seconds,
+                version=version,
+                sending=launch_pending if pending else None,
+            )
+        except BaseException:  # stored or not is unknown: a stored run is reaped later
+            if pending:
+                supervisor.abort(run)
+            raise
+        overlapped = "true" if pending else "false"
+        metrics.turn_claims.labels("stored" if claimed else "guard_failed", overlapped).inc()
+        if claimed is None:
+            if pending:  # nothing known here said it would fail: another writer
+                supervisor.abort(run)
+                session_rows.changed_elsewhere(session.id)
+            return None
+        if claimed.version is not None and claimed.record is not None:
+            session_rows.keep(session, claimed.version, updated_at=claimed.record.created_at)
+        if pending:
+            supervisor.confirm(run.id)
+        else:
+            supervisor.launch(run, session, claimed)
+            await asyncio.sleep(0)  # the run sends its model request before this goes on
+        return claimed
 
     @staticmethod
     def _new_run(

@@ -133,9 +133,10 @@ class TurnRunner:
         # The session's message count as this run left it (the seq of the last message it
         # stored), when known: the final step may then be one statement.
         self._last_seq: int | None = None
-        # The session row's version as this run's claim left it (`session_rows`), until
-        # a step of the run writes the row again.
-        self._version = claimed.version if claimed is not None else None
+        # The claim whose session row version (`session_rows`) this run's end may guard
+        # on, until a step of the run writes the row again (read once the claim is
+        # stored: a run launched while its claim is sent learns it then).
+        self._versioned = claimed
         if claimed is not None:
             self._known = [] if claimed.record is None else [claimed.record]
             self._last_seq = claimed.record.seq if claimed.record is not None else None
@@ -185,10 +186,13 @@ class TurnRunner:
             step = RunStep(log_step.db, log_step, self._head)
             yield step
         self._head = step.head  # committed: the run goes on from there
+        # The step may have changed the session row: the copy kept in memory is stale
+        # (the one-statement end keeps the row it leaves instead).
+        self.resources.session_rows.forget(self._session.id)
         self.resources.views.extend(self._session.id, step.stored)
         if step.stored:
             self._last_seq = step.stored[-1].seq
-        self._version = None
+        self._versioned = None
         if self._known is not None:
             self._known += step.stored
         if self._settling is not None:
@@ -402,9 +406,11 @@ class TurnRunner:
         (`finishing.finish_turn`), when this run knows the session's message count (it
         stored the last message). False when it does not, or the count moved (nothing
         written): the caller takes the ordinary step."""
-        seen, version = self._last_seq, self._version
+        seen = self._last_seq
         if seen is None or self.resources.db.is_sqlite:
             return False
+        await self.resources.events.ready(self.run_id)  # the claim is stored: its version
+        version = self._versioned.version if self._versioned is not None else None
         record = reply.with_(seq=seen + 1)
         finished_at = runs.now()
         # The row as the statement leaves it, reported before it runs (its event is
@@ -443,6 +449,7 @@ class TurnRunner:
             self.resources.session_rows.keep(
                 session,
                 found.version,
+                idle=not found.queued_next,  # a queued turn is claimed next
                 message_seq=record.seq,
                 head_uuid=record.uuid,
                 updated_at=finished_at,

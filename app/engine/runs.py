@@ -11,6 +11,7 @@ process that owned it before (events.LostOwnership).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
@@ -175,14 +176,16 @@ async def answer_open_tool_uses(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Claimed:
     """What a claim stored: the user's message (if the run has one) and the events that
     report the claim."""
 
     record: MessageRecord | None
     events: list[StoredEvent]
-    # The session row's version (`xmin`) as a claim guarded on the version left it.
+    # The session row's version (`xmin`) as a claim guarded on the version left it: set
+    # when its statement returns (a run launched while it is sent reads it once the
+    # claim is confirmed).
     version: str | None = None
 
 
@@ -226,6 +229,7 @@ async def claim_at_once(
     worker_id: str,
     lease_seconds: float,
     version: str | None = None,
+    sending: Callable[[Claimed], None] | None = None,
 ) -> Claimed | None:
     """`claim` of a new turn as one statement (Postgres), guarded on the session as it
     was read (`session`: its head and message count, and its row version when given)
@@ -233,7 +237,9 @@ async def claim_at_once(
     own transaction (`Database.execute_once`): when this returns a claim, it is stored.
     None when the guard fails (something changed since the read, another run is active,
     a retry): nothing is written, and the caller takes the careful path (`claim`, after
-    looking) in `db`. With `version`, the claim carries the row's new one."""
+    looking) in `db`. With `version`, the claim carries the row's new one. `sending` is
+    called with the claim as it will be stored just before the statement is sent (to
+    start the run meanwhile); the same object is returned when it was."""
     assert run.params.content is not None
     assert run.params.parent_uuid is None
     seen_head, seen_seq, epoch = session.head_uuid, session.message_seq, run.epoch
@@ -266,6 +272,8 @@ async def claim_at_once(
         "started_at": run.started_at,
         **event_arrays(claimed.events),
     }
+    if sending is not None:
+        sending(claimed)
     try:
         rows = await database.execute_once(CLAIM_AT_ONCE, params)
     except IntegrityError:  # an active run the statement's snapshot could not see yet
@@ -276,9 +284,9 @@ async def claim_at_once(
         run.status, run.epoch, run.started_at = RunStatus.QUEUED, epoch, None
         return None
     set_committed_value(session, "message_seq", record.seq)
-    if version is None:
-        return claimed
-    return Claimed(claimed.record, claimed.events, rows[0][1])
+    if version is not None:
+        claimed.version = rows[0][1]
+    return claimed
 
 
 # `claim_at_once`: the session row moves to the new message only while it is as it was

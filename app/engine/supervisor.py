@@ -90,14 +90,16 @@ class Supervisor:
         self.tasks[run.id] = task
 
     def confirm(self, run_id: uuid.UUID) -> None:
-        """The claim of a run launched `pending` is committed."""
+        """The claim of a run launched `pending` is stored."""
         self.resources.events.confirm(run_id)
 
-    def abort(self, run_id: uuid.UUID) -> None:
-        """The claim of a run launched `pending` rolled back: stop it (which closes its
-        model request) before it writes or sends anything."""
-        self.resources.events.abort(run_id)
-        self._stop_task(run_id, LOST)
+    def abort(self, run: Run) -> None:
+        """The claim of a run launched `pending` was not stored (rolled back, or its
+        guard failed): stop it (which closes its model request) before it writes or
+        sends anything, and drop the view it extended with the claim."""
+        self.resources.events.abort(run.id)
+        self._stop_task(run.id, LOST)
+        self.resources.views.forget(run.session_id)
 
     def _never_started(self, run_id: uuid.UUID, task: asyncio.Task[None]) -> None:
         """A task cancelled before it ran (an aborted claim) skipped `_execute`'s own

@@ -1,8 +1,9 @@
 """The fast path of a turn on Postgres: the claim in one autocommitted statement while the
-session is as it was read; a claim made in the request's transaction (a post that looks
-first) has its model request sent while it commits (nothing sent or stored before it
-has, nothing at all if it rolls back); the views and followers of a run executing here
-served from memory, equal to what is stored."""
+session is as it was read; the model request sent while the claim is stored, by that
+statement or by the request's transaction (a post that looks first), with nothing sent
+or stored before it is, and nothing at all, the model request closed, when it is not;
+the views and followers of a run executing here served from memory, equal to what is
+stored."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from typing import Any
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy import text as sql
+from sqlalchemy.exc import DBAPIError
 
+from app import metrics
+from app.conversation import session_rows
+from app.db import is_transient
 from app.domain import IfBusy, RunParams, RunStatus
 from app.engine import events as events_module
 from app.engine import runs
 from app.engine.events import StoredEvent
 from app.errors import Conflict
 from app.models import AgentSession, Message, Run, RunEvent
-from tests.engine.conftest import Harness, assert_gap_free
+from tests.engine.conftest import TENANT, Harness, assert_gap_free
 from tests.engine.scripted import ScriptedModel, held, reply, tool_use
 
 LONG = " ".join(f"word{i}" for i in range(60))  # many deltas (8 characters each)
@@ -72,6 +78,46 @@ async def first_events(h: Harness, run_id: uuid.UUID, n: int) -> list[str]:
             break
     await follower.aclose()
     return names[:n]
+
+
+async def served_here(h: Harness, model: ScriptedModel) -> AgentSession:
+    """A session whose last turn was posted to and ended in this process: the row it
+    keeps shows the session idle, so the next plain turn calls the model while its
+    claim is sent."""
+    session = await h.new_session()
+    model.script(reply("warm"))
+    out = await h.settle((await post(h, session.id, "warm up")).id)
+    assert out.run.status == RunStatus.COMPLETED
+    return await h.session(session.id)
+
+
+async def post(h: Harness, session_id: uuid.UUID, text: str) -> Run:
+    """A plain turn as the route posts it: the session row kept here or read with its
+    version, claimed in one statement."""
+    async with h.db.transaction() as db:
+        turn = await session_rows.for_turn(db, h.resources.session_rows, TENANT, session_id)
+        return await h.admission.submit(db, turn.row, RunParams(content=text), version=turn.version)
+
+
+def claims(outcome: str, overlapped: bool) -> float:
+    """How many one-statement claims ended so (the Prometheus counter)."""
+    labels = {"outcome": outcome, "overlapped": str(overlapped).lower()}
+    value = metrics.REGISTRY.get_sample_value("parley_turn_claims_total", labels)
+    return value or 0.0
+
+
+async def terminate_waiting_claim(h: Harness) -> None:
+    """Terminate the backend whose claim statement waits for a row lock (once it does)."""
+    waiting = sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND query LIKE '%WITH claimed AS%'"
+    )
+    for _ in range(500):
+        async with h.db.sessionmaker() as db:  # pg_stat_activity: a snapshot per transaction
+            if (await db.execute(waiting)).scalars().all() == [True]:
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError("no claim waited for the session row")
 
 
 def drain(inbox: asyncio.Queue[StoredEvent | None]) -> list[StoredEvent | None]:
@@ -346,3 +392,131 @@ async def test_a_follower_is_sent_each_delta_before_a_buffered_stream_is_read_on
     assert len(heard_at) == deltas > 2
     assert heard_at[0] < read, "the first delta went out before the stream was read"
     assert heard_at == sorted(set(heard_at)), "each delta before the next was read"
+
+
+async def test_a_plain_turn_calls_the_model_while_its_claim_is_sent(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """The claim's statement waits for the session row (held by another transaction):
+    the model is already streaming, and nothing is sent or visible until it is stored."""
+    session = await served_here(h, model)
+    gate = held(LONG, after=6)
+    model.script(gate)
+    stored_early = claims("stored", True)
+    async with h.db.sessionmaker() as other:
+        await other.get(AgentSession, session.id, with_for_update=True)
+        posting = asyncio.create_task(post(h, session.id, "hi"))
+        await asyncio.wait_for(gate.reached.wait(), 10)
+        assert not posting.done(), "the claim is still waiting for the row"
+        [run_id] = [r for r in h.resources.events.channels if r in h.supervisor.tasks]
+        inbox = subscribe(h, run_id)
+        assert drain(inbox) == [], "nothing is sent before the claim is stored"
+        assert await count(h, Run, id=run_id) == 0
+        await other.commit()  # the row is free: the claim is stored
+    run = await asyncio.wait_for(posting, 10)
+    assert run.id == run_id
+    assert claims("stored", True) == stored_early + 1
+    sent = drain(inbox)
+    assert [e.event for e in sent if e is not None][:1] == ["message.started"]
+    gate.release()
+    out = await h.settle(run.id)
+    assert out.run.status == RunStatus.COMPLETED
+    assert out.text == LONG
+    assert_gap_free(out.events)
+    assert len(model.requests) == 2  # the warm-up's and this turn's
+
+
+async def test_a_claim_whose_guard_fails_closes_its_model_request(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """The session row changes (a PATCH through another replica) while the claim waits
+    for it: the guard fails, the model request already streaming is closed, nothing of
+    that run is stored or sent, and the turn is claimed the careful way, from the row as
+    it is now, as another run. The session counts as shared from then on: its turns are
+    claimed before their model request starts."""
+    session = await served_here(h, model)
+    gate = held(LONG, after=6)
+    model.script(gate, reply("from the new settings"))
+    before = await count(h, Message, session_id=session.id)
+    aborted = claims("guard_failed", True)
+    async with h.db.sessionmaker() as other:
+        row = await other.get(AgentSession, session.id, with_for_update=True)
+        assert row is not None
+        posting = asyncio.create_task(post(h, session.id, "hi"))
+        await asyncio.wait_for(gate.reached.wait(), 10)
+        [early] = [r for r in h.resources.events.channels if r in h.supervisor.tasks]
+        inbox = subscribe(h, early)
+        row.system = "New rules."
+        await other.commit()
+    run = await asyncio.wait_for(posting, 10)
+    await asyncio.wait_for(gate.abandoned.wait(), 10)  # the model request was closed
+    assert run.id != early
+    assert claims("guard_failed", True) == aborted + 1
+    assert [e for e in drain(inbox) if e is not None] == [], "nothing of it was sent"
+    assert await count(h, Run, id=early) == 0
+    assert await count(h, RunEvent, run_id=early) == 0
+
+    out = await h.settle(run.id)
+    assert out.run.status == RunStatus.COMPLETED
+    assert out.text == "from the new settings"
+    assert model.requests[-1]["system"][0]["text"] == "New rules."
+    assert await count(h, Message, session_id=session.id) == before + 2
+    assert_gap_free(out.events)
+
+    # Shared now: the next turn's model request waits for its claim.
+    assert h.resources.session_rows.shared(session.id)
+    model.script(reply("later"))
+    stored_late = claims("stored", False)
+    out = await h.settle((await post(h, session.id, "again")).id)
+    assert out.text == "later"
+    assert claims("stored", False) == stored_late + 1
+
+
+async def test_a_turn_to_a_session_running_here_starts_no_model_request(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """A run of the session executes here: its guard would fail, so a second post is
+    claimed (and refused) before any model request."""
+    session = await served_here(h, model)
+    gate = held(LONG, after=2)
+    model.script(gate)
+    first = await post(h, session.id, "first")
+    await asyncio.wait_for(gate.reached.wait(), 10)
+    calls = len(model.requests)
+    with pytest.raises(Conflict):
+        await post(h, session.id, "second")
+    assert len(model.requests) == calls
+    gate.release()
+    assert (await h.settle(first.id)).run.status == RunStatus.COMPLETED
+
+
+async def test_a_claim_lost_with_its_connection_closes_its_model_request(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """The claim's connection dies while its statement waits (its backend terminated):
+    whether it was stored is unknown, so the run launched meanwhile is stopped (its
+    model request closed) and the post fails as the database did; nothing was stored,
+    and the next turn runs as usual."""
+    session = await served_here(h, model)
+    gate = held(LONG, after=2)
+    model.script(gate)
+    messages = await count(h, Message, session_id=session.id)
+    async with h.db.sessionmaker() as other:
+        await other.get(AgentSession, session.id, with_for_update=True)
+        posting = asyncio.create_task(post(h, session.id, "hi"))
+        await asyncio.wait_for(gate.reached.wait(), 10)
+        [early] = [r for r in h.resources.events.channels if r in h.supervisor.tasks]
+        await terminate_waiting_claim(h)
+        with pytest.raises(DBAPIError) as failed:
+            await asyncio.wait_for(posting, 10)
+        assert is_transient(failed.value)
+        await other.rollback()
+    await asyncio.wait_for(gate.abandoned.wait(), 10)
+    await asyncio.wait_for(h.supervisor.wait_settled(early, poll_seconds=0.02), 10)
+    assert early not in h.resources.events.channels
+    assert await count(h, Run, id=early) == 0
+    assert await count(h, Message, session_id=session.id) == messages
+
+    model.script(reply("after the outage"))
+    out = await h.settle((await post(h, session.id, "again")).id)
+    assert out.text == "after the outage"

@@ -68,20 +68,25 @@ async def test_settings_changed_through_another_replica_are_used(
     first, second = two_replicas(database_url, engine, fake)
     async with first as one, second as two, one.client() as a, two.client() as b:
         sid = await new_session(a, system="Old rules.")
-        fake.script(*(items.message(f"reply {i}") for i in range(4)))
+        fake.script(*(items.message(f"reply {i}") for i in range(5)))
         await turn(a, sid, "first")
         patched = await b.patch(f"/sessions/{sid}", json={"system": "New rules."})
         assert patched.status_code == 200, patched.text
-        reads = []
+        reads, replies = [], []
         for text in ("second", "third", "fourth"):
             with recorded(one.runtime.db) as seen:
-                await turn(a, sid, text)
+                body = await turn(a, sid, text)
             reads.append(len(session_reads(seen)))
+            replies.append(body["messages"][-1]["content"][0]["text"])
         # The guard failed and the row was read; the turn after reads it with its
         # version (the careful claim left none to keep); from then on it is kept.
         assert reads[0] > 0
         assert reads[2] == 0
-        assert systems(fake) == ["Old rules."] + ["New rules."] * 3
+        # The second turn's model request, built from the stale row, was sent while its
+        # claim was and closed when the guard failed (its reply, "reply 1", is nowhere);
+        # the session counts as shared since, so no other request went early.
+        assert systems(fake) == ["Old rules.", "Old rules."] + ["New rules."] * 3
+        assert replies == ["reply 2", "reply 3", "reply 4"]
     all_accepted(fake)
 
 

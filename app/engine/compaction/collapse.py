@@ -69,6 +69,7 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
             log.warning("collapse summary failed: %s", exc)
             break
         await charge_session(resources, session_id, result.usage)
+        resources.session_rows.forget(session_id)  # the usage changed the row
         text = "".join(b.get("text", "") for b in result.content if b.get("type") == "text")
         text = extract_summary(text)
         if not text:

@@ -21,7 +21,6 @@ from app.engine.compaction.compact import compact, current_view
 from app.engine.compaction.summary import CompactionFailed
 from app.engine.handle import RunHandle
 from app.engine.llm.errors import PromptTooLong
-from app.engine.resources import Resources
 from app.errors import RunFailed
 from app.models import AgentSession
 
@@ -52,6 +51,7 @@ async def before_request(run: RunHandle) -> list[Node]:
             cache_cold=cold,
         )
         if planned is not None:
+            await before_writing(run)
             async with resources.db.transaction() as db:
                 anchor = uuid.UUID(view.nodes[planned.watermark].uuid)
                 await marks.add_watermark(db, session.id, anchor, planned.tokens_freed)
@@ -67,6 +67,7 @@ async def before_request(run: RunHandle) -> list[Node]:
     pending = [span for span in view.collapses if span.applied_at is None]
     if pending and estimate > settings.collapse_at * limits.auto_compact_threshold:
         applied_at = datetime.now(UTC)
+        await before_writing(run)
         async with resources.db.transaction() as db:
             await marks.mark_applied(db, session.id, pending, applied_at)
         resources.views.forget_marks(session.id)
@@ -84,11 +85,20 @@ async def before_request(run: RunHandle) -> list[Node]:
             log.info("auto-compaction skipped until %d tokens: %s", retry_at, exc)
             check_fits(run, estimate, exc)
         except (NothingToCompact, CompactionFailed) as exc:
-            await count_failure(resources, session.id)
+            await count_failure(run)
             log.warning("auto-compaction failed: %s", exc)
             check_fits(run, estimate, exc)
         view = await current_view(run)
     return view.projected
+
+
+async def before_writing(run: RunHandle) -> None:
+    """Before a write of the run outside its steps, which changes the session row: wait
+    until the run's claim is stored (a run launched while its claim is sent may not act
+    for a turn that does not exist yet; `LostOwnership` when it never will), and forget
+    the row kept in memory (`session_rows`)."""
+    await run.resources.events.ready(run.run_id)
+    run.resources.session_rows.forget(run.session.id)
 
 
 def should_auto_compact(run: RunHandle, estimate: int) -> bool:
@@ -112,12 +122,13 @@ def check_fits(run: RunHandle, estimate: int, reason: Exception) -> None:
         )
 
 
-async def count_failure(resources: Resources, session_id: uuid.UUID) -> None:
+async def count_failure(run: RunHandle) -> None:
     """One more failed compaction in a row (three pause auto-compaction)."""
-    async with resources.db.transaction() as db:
+    await before_writing(run)
+    async with run.resources.db.transaction() as db:
         await db.execute(
             update(AgentSession)
-            .where(AgentSession.id == session_id)
+            .where(AgentSession.id == run.session.id)
             .values(compact_failures=AgentSession.compact_failures + 1)
         )
 
@@ -143,7 +154,7 @@ async def reactive(run: RunHandle, error: PromptTooLong) -> None:
             error.request_id,
         ) from exc
     except (NothingToCompact, CompactionFailed) as exc:
-        await count_failure(run.resources, run.session.id)
+        await count_failure(run)
         raise RunFailed(
             "context_overflow",
             f"The prompt is too long ({error.tokens} tokens > {error.maximum}) and the "
