@@ -15,13 +15,17 @@ fails then wastes that request, so the kept row also says what it proves about r
 row the end of a run left (`idle`) shows the session with no active run at that
 version; a row read, or left by a claim, shows nothing of the kind. And the process
 remembers the sessions whose guard failed after such a start (`shared`): another writer
-(a replica, a concurrent post) works on them, so their turns are claimed first.
+(a replica, a concurrent post) works on them, so their turns are claimed first. A write
+of this process outside any run (a background collapse charging its model calls) holds
+`writing` while it may be in flight: no turn of that session starts early meanwhile.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -66,6 +70,7 @@ class SessionRows:
         self.size = 0
         self.max_shared = max_shared
         self._shared: OrderedDict[uuid.UUID, None] = OrderedDict()
+        self._writing: Counter[uuid.UUID] = Counter()
 
     def get(self, session_id: uuid.UUID) -> KeptRow | None:
         kept = self.entries.get(session_id)
@@ -101,16 +106,30 @@ class SessionRows:
             self.size -= old.size
 
     def idle(self, session_id: uuid.UUID, version: str | None) -> bool:
-        """Whether the row kept at `version` was left by the end of a run, and no guard
-        of this session failed unforeseen here (`changed_elsewhere`): a claim from it
-        is all but sure to be stored."""
+        """Whether the row kept at `version` was left by the end of a run, no write of
+        it here is under way (`writing`) and no guard of this session failed unforeseen
+        here (`changed_elsewhere`): a claim from it is all but sure to be stored."""
         kept = self.entries.get(session_id)
         return (
             kept is not None
             and kept.idle
             and kept.version == version
+            and session_id not in self._writing
             and session_id not in self._shared
         )
+
+    @contextmanager
+    def writing(self, session_id: uuid.UUID) -> Iterator[None]:
+        """Around work of this process that may write the session row outside any run
+        (each write forgets the kept row): a claim from the kept row could fail on such
+        a write, so meanwhile no turn starts its model request before its claim."""
+        self._writing[session_id] += 1
+        try:
+            yield
+        finally:
+            self._writing[session_id] -= 1
+            if not self._writing[session_id]:
+                del self._writing[session_id]
 
     def changed_elsewhere(self, session_id: uuid.UUID) -> None:
         """A guard that the kept row said would hold failed: forget the row, and

@@ -59,6 +59,7 @@ class Supervisor:
         self._settled: dict[uuid.UUID, asyncio.Event] = {}
         self._cancel_reasons: dict[uuid.UUID, str] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        self._collapsing: set[uuid.UUID] = set()  # sessions whose collapse works here
         self._wanted: OrderedDict[uuid.UUID, None] = OrderedDict()
         self._outcomes: dict[uuid.UUID, RunOutcome] = {}
         resources.events.on_control = self._on_control
@@ -149,11 +150,18 @@ class Supervisor:
         task.add_done_callback(self._background.discard)
 
     async def _collapse(self, session_id: uuid.UUID) -> None:
-        """Context collapse: summarise older finished spans after a run (never blocks one)."""
+        """Context collapse: summarise older finished spans after a run (never blocks one).
+        One at a time per session: a run that ends while one works leaves it be (it
+        would summarise the same spans again); the next run's end checks again."""
+        if session_id in self._collapsing:
+            return
+        self._collapsing.add(session_id)
         try:
             await collapse_spans(self.resources, session_id)
         except Exception:
             log.exception("context collapse failed for session %s", session_id)
+        finally:
+            self._collapsing.discard(session_id)
 
     def start_queued_soon(self, session_id: uuid.UUID) -> None:
         """Start the oldest queued turn of the session in the background (if it is idle)."""

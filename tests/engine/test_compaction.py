@@ -4,6 +4,7 @@ context collapse."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 from typing import Any
@@ -20,6 +21,7 @@ from tests.engine.conftest import Harness, assert_gap_free
 from tests.engine.scripted import (
     Item,
     bad_request,
+    held,
     last_user_text,
     prompt_too_long,
     reply,
@@ -398,6 +400,38 @@ async def test_context_collapse_projects_finished_spans(h: Harness) -> None:
     assert not [m for m in full if m.subtype in ("collapsed", COMPACT_BOUNDARY)]
     assert len(full) > len(view.projected)
     await h.next_request(session.id)
+
+
+async def test_a_run_ending_while_its_sessions_collapse_works_starts_no_second_one(
+    h: Harness,
+) -> None:
+    """The collapse after a run is still waiting for its summary when the next run
+    ends: that run's check is left out (it would summarise the same turn again), so
+    each span is summarised once; the run after checks again."""
+    collapsing = held("Talked at length.", after=1)
+    summaries = [collapsing]
+
+    def responder(body: dict[str, Any]) -> Item:
+        if COLLAPSE_INSTRUCTION in last_user_text(body):
+            return summaries.pop() if summaries else reply("Talked some more.")
+        return reply("noted")
+
+    h.model.responder = responder
+    session = await h.new_session(
+        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
+    )
+    for i in range(4):  # the third run's end starts a collapse of the first turn
+        run = await h.start(session.id, f"note {i}: " + "remember this " * 800)
+        await h.supervisor.wait_settled(run.id, poll_seconds=0.02)
+        if i == 2:
+            await asyncio.wait_for(collapsing.reached.wait(), 10)
+    collapsing.release()
+    await h.settle(run.id)  # and the collapse: done
+    await h.settle((await h.start(session.id, "and the last one")).id)
+    summaries = [b for b in h.model.requests if COLLAPSE_INSTRUCTION in last_user_text(b)]
+    async with h.db.sessionmaker() as db:
+        starts = [c.start_uuid for c in (await marks.load(db, session.id)).collapses]
+    assert len(summaries) == len(starts) == len(set(starts)) == 3  # turns 1, then 2 and 3
 
 
 async def test_collapse_check_after_a_run_is_decided_from_its_last_reply(h: Harness) -> None:

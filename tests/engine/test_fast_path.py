@@ -19,21 +19,25 @@ from sqlalchemy.exc import DBAPIError
 
 from app import metrics
 from app.conversation import session_rows
-from app.db import is_transient
+from app.db import Base, is_transient
 from app.domain import IfBusy, RunParams, RunStatus
 from app.engine import events as events_module
 from app.engine import runs
+from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION
 from app.engine.events import StoredEvent
 from app.errors import Conflict
-from app.models import AgentSession, Message, Run, RunEvent
+from app.models import AgentSession, Collapse, Message, Run, RunEvent
 from tests.engine.conftest import TENANT, Harness, assert_gap_free
-from tests.engine.scripted import ScriptedModel, held, reply, tool_use
+from tests.engine.scripted import Item, ScriptedModel, held, last_user_text, reply, tool_use
 
 LONG = " ".join(f"word{i}" for i in range(60))  # many deltas (8 characters each)
 
 
 # A post that looks before it claims (`enqueue`) claims in the request's transaction.
 ENQUEUE = IfBusy.ENQUEUE
+
+
+CLAIM = "%WITH claimed AS%"  # the one-statement claim, as pg_stat_activity shows it
 
 
 class RequestFailed(Exception):
@@ -49,7 +53,7 @@ async def warm_session(h: Harness, model: ScriptedModel) -> AgentSession:
     return await h.session(session.id)
 
 
-async def count(h: Harness, model: type[Message | Run | RunEvent], **where: object) -> int:
+async def count(h: Harness, model: type[Base], **where: object) -> int:
     table = model.__table__
     query = select(func.count()).select_from(table)
     for name, value in where.items():
@@ -106,18 +110,28 @@ def claims(outcome: str, overlapped: bool) -> float:
     return value or 0.0
 
 
-async def terminate_waiting_claim(h: Harness) -> None:
-    """Terminate the backend whose claim statement waits for a row lock (once it does)."""
+async def wait_for_lock(h: Harness, query: str) -> None:
+    """Until a statement LIKE `query` waits for a lock."""
     waiting = sql(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE wait_event_type = 'Lock' AND query LIKE '%WITH claimed AS%'"
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q"
     )
     for _ in range(500):
         async with h.db.sessionmaker() as db:  # pg_stat_activity: a snapshot per transaction
-            if (await db.execute(waiting)).scalars().all() == [True]:
+            if await db.scalar(waiting, {"q": query}):
                 return
         await asyncio.sleep(0.02)
-    raise AssertionError("no claim waited for the session row")
+    raise AssertionError(f"no statement like {query!r} waited for a lock")
+
+
+async def terminate_waiting_claim(h: Harness) -> None:
+    """Terminate the backend whose claim statement waits for a row lock (once it does)."""
+    await wait_for_lock(h, CLAIM)
+    terminate = sql(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE wait_event_type = 'Lock' AND query LIKE :q"
+    )
+    async with h.db.sessionmaker() as db:
+        assert (await db.execute(terminate, {"q": CLAIM})).scalars().all() == [True]
 
 
 def drain(inbox: asyncio.Queue[StoredEvent | None]) -> list[StoredEvent | None]:
@@ -520,3 +534,65 @@ async def test_a_claim_lost_with_its_connection_closes_its_model_request(
     model.script(reply("after the outage"))
     out = await h.settle((await post(h, session.id, "again")).id)
     assert out.text == "after the outage"
+
+
+async def test_a_turn_posted_while_a_collapse_writes_waits_for_its_claim(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """The collapse after a run charges its summary's usage to the session row in the
+    background. A turn posted meanwhile would fail its guard on that write, so its model
+    request waits for its claim: the guard fails before any request is sent, the turn
+    is claimed the careful way, and every model request made is one the session pays."""
+    collapsing = held("Talked at length.", after=1)
+    summaries = [collapsing]
+
+    def responder(body: dict[str, Any]) -> Item:
+        if COLLAPSE_INSTRUCTION in last_user_text(body):
+            return summaries.pop() if summaries else reply("Talked some more.")
+        return reply("noted")
+
+    model.responder = responder
+    session = await h.new_session(
+        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
+    )
+    for i in range(3):  # the third run's end starts a collapse of the first turn
+        run = await post(h, session.id, f"note {i}: " + "remember this " * 800)
+        await h.supervisor.wait_settled(run.id, poll_seconds=0.02)
+    await asyncio.wait_for(collapsing.reached.wait(), 10)
+    turns = [b for b in model.requests if COLLAPSE_INSTRUCTION not in last_user_text(b)]
+    wasted = claims("guard_failed", True)
+    async with h.db.sessionmaker() as other:
+        await other.get(AgentSession, session.id, with_for_update=True)
+        collapsing.release()  # its usage waits for the row
+        await wait_for_lock(h, "UPDATE agent_sessions%")
+        posting = asyncio.create_task(post(h, session.id, "and now?"))
+        await wait_for_lock(h, CLAIM)  # queued behind the collapse's write
+        await other.commit()
+    out = await h.settle((await asyncio.wait_for(posting, 10)).id)
+    assert out.run.status == RunStatus.COMPLETED
+    assert claims("guard_failed", True) == wasted
+    after = [b for b in model.requests if COLLAPSE_INSTRUCTION not in last_user_text(b)]
+    assert after[: len(turns)] == turns
+    assert [last_user_text(b) for b in after[len(turns) :]] == ["and now?"]
+
+
+async def test_a_turn_after_a_collapse_was_stored_reads_the_row_it_changed(
+    h: Harness, model: ScriptedModel
+) -> None:
+    """Storing a collapse changes the session row (its marks version): the row kept by
+    the run before is forgotten, so the next turn is claimed from the row as it is, with
+    no model request wasted on a guard that fails."""
+    model.responder = lambda body: reply(
+        "Talked at length." if COLLAPSE_INSTRUCTION in last_user_text(body) else "noted"
+    )
+    session = await h.new_session(
+        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
+    )
+    wasted = claims("guard_failed", True)
+    for i in range(5):  # from the third run's end on, each collapses a turn (settled: done)
+        out = await h.settle((await post(h, session.id, f"note {i}: " + "remember " * 1600)).id)
+        assert out.run.status == RunStatus.COMPLETED
+    assert await count(h, Collapse, session_id=session.id) == 3
+    assert claims("guard_failed", True) == wasted
+    turns = [b for b in model.requests if COLLAPSE_INSTRUCTION not in last_user_text(b)]
+    assert len(turns) == 5

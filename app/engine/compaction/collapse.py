@@ -40,6 +40,12 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
     """Summarise older completed spans of the chain into collapse rows (not applied yet).
     Runs only once the session is past half of the collapse point, so short sessions
     never pay for it. Returns how many spans were summarised."""
+    # Its writes of the session row (usage, marks) land while turns are posted to it.
+    with resources.session_rows.writing(session_id):
+        return await _collapse_spans(resources, session_id, max_spans)
+
+
+async def _collapse_spans(resources: Resources, session_id: uuid.UUID, max_spans: int) -> int:
     async with resources.db.sessionmaker() as db:
         session = await db.get(AgentSession, session_id)
         if session is None:
@@ -87,5 +93,6 @@ async def collapse_spans(resources: Resources, session_id: uuid.UUID, *, max_spa
                 tokens_saved=saved,
                 model=model,
             )
+        resources.session_rows.forget(session_id)  # the marks version changed the row
         done += 1
     return done
