@@ -1,13 +1,16 @@
 """The SQL a test's database runs while a block executes (asserting how many round trips a
-path takes, or that it reads no row it should not)."""
+path takes, or that it reads no row it should not), and waiting for a statement to wait
+for a lock (to order writers that race)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import TextClause, event
+from sqlalchemy import TextClause, event, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import Database
 
@@ -35,3 +38,19 @@ def recorded(database: Database) -> Iterator[list[str]]:
     finally:
         del database.execute_once
         event.remove(engine, "before_cursor_execute", record)
+
+
+CLAIM = "%WITH claimed AS%"  # the one-statement claim (`runs.claim_at_once`), LIKE it
+
+
+async def wait_for_lock(engine: AsyncEngine, query: str) -> None:
+    """Until a statement LIKE `query` waits for a lock (Postgres)."""
+    waiting = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q"
+    )
+    for _ in range(500):
+        async with engine.connect() as conn:  # pg_stat_activity: a snapshot per transaction
+            if await conn.scalar(waiting, {"q": query}):
+                return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no statement like {query!r} waited for a lock")

@@ -16,7 +16,7 @@ from app.config import Settings
 from app.conversation import session_rows, sessions
 from app.conversation.session_rows import TurnSession
 from app.conversation.views import ChainCache
-from app.db import after_commit, commit, rollback
+from app.db import after_commit, after_rollback, commit, rollback
 from app.engine.runtime import Runtime
 from app.errors import Forbidden, NotFound, Unauthorized
 from app.models import AgentSession
@@ -146,12 +146,20 @@ async def load_session(
     session_id: Annotated[uuid.UUID, Path()],
 ) -> AgentSession:
     """The caller's session. A request that may change it (any method but GET and HEAD)
-    forgets the copy of its row kept in memory once it commits (`session_rows`)."""
+    is writing the row until it ends, and forgets the copy kept in memory once it
+    commits (`session_rows`)."""
     check_token_session(caller, session_id)
     session = await sessions.get(db, caller.tenant, session_id)
     if request.method not in ("GET", "HEAD"):
         rows = runtime.resources.session_rows
-        after_commit(db, lambda: rows.forget(session_id))
+        rows.begin_writing(session_id)
+
+        def committed() -> None:
+            rows.forget(session_id)
+            rows.end_writing(session_id)
+
+        after_commit(db, committed)
+        after_rollback(db, lambda: rows.end_writing(session_id))
     return session
 
 

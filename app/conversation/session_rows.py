@@ -15,9 +15,10 @@ fails then wastes that request, so the kept row also says what it proves about r
 row the end of a run left (`idle`) shows the session with no active run at that
 version; a row read, or left by a claim, shows nothing of the kind. And the process
 remembers the sessions whose guard failed after such a start (`shared`): another writer
-(a replica, a concurrent post) works on them, so their turns are claimed first. A write
-of this process outside any run (a background collapse charging its model calls) holds
-`writing` while it may be in flight: no turn of that session starts early meanwhile.
+(a replica, a concurrent post) works on them, so their turns are claimed first. Work of
+this process that may write the row outside any run (a request that may change the
+session, a background collapse) is marked (`writing`) while under way: no turn of that
+session starts early meanwhile.
 """
 
 from __future__ import annotations
@@ -118,18 +119,26 @@ class SessionRows:
             and session_id not in self._shared
         )
 
+    def begin_writing(self, session_id: uuid.UUID) -> None:
+        """This process may now write the session row outside any run (a request that
+        may change the session, a background collapse), and each such write forgets the
+        kept row: a claim from it could fail on one, so until `end_writing` no turn of
+        the session starts its model request before its claim is stored."""
+        self._writing[session_id] += 1
+
+    def end_writing(self, session_id: uuid.UUID) -> None:
+        self._writing[session_id] -= 1
+        if self._writing[session_id] <= 0:
+            del self._writing[session_id]
+
     @contextmanager
     def writing(self, session_id: uuid.UUID) -> Iterator[None]:
-        """Around work of this process that may write the session row outside any run
-        (each write forgets the kept row): a claim from the kept row could fail on such
-        a write, so meanwhile no turn starts its model request before its claim."""
-        self._writing[session_id] += 1
+        """`begin_writing` .. `end_writing` around a block."""
+        self.begin_writing(session_id)
         try:
             yield
         finally:
-            self._writing[session_id] -= 1
-            if not self._writing[session_id]:
-                del self._writing[session_id]
+            self.end_writing(session_id)
 
     def changed_elsewhere(self, session_id: uuid.UUID) -> None:
         """A guard that the kept row said would hold failed: forget the row, and

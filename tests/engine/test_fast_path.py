@@ -29,15 +29,13 @@ from app.errors import Conflict
 from app.models import AgentSession, Collapse, Message, Run, RunEvent
 from tests.engine.conftest import TENANT, Harness, assert_gap_free
 from tests.engine.scripted import Item, ScriptedModel, held, last_user_text, reply, tool_use
+from tests.statements import CLAIM, wait_for_lock
 
 LONG = " ".join(f"word{i}" for i in range(60))  # many deltas (8 characters each)
 
 
 # A post that looks before it claims (`enqueue`) claims in the request's transaction.
 ENQUEUE = IfBusy.ENQUEUE
-
-
-CLAIM = "%WITH claimed AS%"  # the one-statement claim, as pg_stat_activity shows it
 
 
 class RequestFailed(Exception):
@@ -110,22 +108,9 @@ def claims(outcome: str, overlapped: bool) -> float:
     return value or 0.0
 
 
-async def wait_for_lock(h: Harness, query: str) -> None:
-    """Until a statement LIKE `query` waits for a lock."""
-    waiting = sql(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q"
-    )
-    for _ in range(500):
-        async with h.db.sessionmaker() as db:  # pg_stat_activity: a snapshot per transaction
-            if await db.scalar(waiting, {"q": query}):
-                return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"no statement like {query!r} waited for a lock")
-
-
 async def terminate_waiting_claim(h: Harness) -> None:
     """Terminate the backend whose claim statement waits for a row lock (once it does)."""
-    await wait_for_lock(h, CLAIM)
+    await wait_for_lock(h.db.engine, CLAIM)
     terminate = sql(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
         "WHERE wait_event_type = 'Lock' AND query LIKE :q"
@@ -564,9 +549,9 @@ async def test_a_turn_posted_while_a_collapse_writes_waits_for_its_claim(
     async with h.db.sessionmaker() as other:
         await other.get(AgentSession, session.id, with_for_update=True)
         collapsing.release()  # its usage waits for the row
-        await wait_for_lock(h, "UPDATE agent_sessions%")
+        await wait_for_lock(h.db.engine, "UPDATE agent_sessions%")
         posting = asyncio.create_task(post(h, session.id, "and now?"))
-        await wait_for_lock(h, CLAIM)  # queued behind the collapse's write
+        await wait_for_lock(h.db.engine, CLAIM)  # queued behind the collapse's write
         await other.commit()
     out = await h.settle((await asyncio.wait_for(posting, 10)).id)
     assert out.run.status == RunStatus.COMPLETED

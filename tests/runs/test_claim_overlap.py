@@ -7,12 +7,17 @@ asked once per call the turns make."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+from sqlalchemy import text as sql
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import metrics
 from tests.conftest import LiveServer
 from tests.fake_anthropic import FakeAnthropic, items
 from tests.runs.helpers import all_accepted, new_session
+from tests.statements import CLAIM, wait_for_lock
 
 
 def claims(outcome: str, overlapped: str) -> float:
@@ -72,5 +77,35 @@ async def test_the_kept_row_follows_every_write_made_here(
         assert claims("guard_failed", "true") == failed, "a model request was wasted"
         assert claims("stored", "true") == early + 6
         assert len(fake.requests) == calls
+        assert fake.requests[-1]["system"][0]["text"] == "Be terse."
+    all_accepted(fake)
+
+
+async def test_a_turn_posted_while_a_request_writes_the_session_waits_for_its_claim(
+    live_fake: LiveServer, fake: FakeAnthropic, engine: AsyncEngine
+) -> None:
+    """A PATCH is under way (its update waits for the row) when a turn is posted: the
+    turn's guard would fail on the PATCH's write, so its model request waits for its
+    claim. The guard fails before any request, the turn is claimed from the row as the
+    PATCH left it, and the model is asked once."""
+    async with live_fake.client() as client:
+        sid = await new_session(client, system="Be brief.")
+        await turn(client, sid, "hello")  # the row kept here shows the session idle
+        failed, calls = claims("guard_failed", "true"), len(fake.requests)
+        async with engine.connect() as other:
+            await other.execute(
+                sql("SELECT 1 FROM agent_sessions WHERE id = :id FOR UPDATE"), {"id": sid}
+            )
+            patching = asyncio.create_task(
+                client.patch(f"/sessions/{sid}", json={"system": "Be terse."})
+            )
+            await wait_for_lock(engine, "UPDATE agent_sessions%")
+            posting = asyncio.create_task(turn(client, sid, "and now?"))
+            await wait_for_lock(engine, CLAIM)
+            await other.rollback()
+        assert (await patching).status_code == 200
+        await posting
+        assert claims("guard_failed", "true") == failed, "a model request was wasted"
+        assert len(fake.requests) == calls + 1
         assert fake.requests[-1]["system"][0]["text"] == "Be terse."
     all_accepted(fake)
