@@ -33,6 +33,7 @@ from app.db import Base, Database
 from app.domain import IfBusy, RunKind, RunParams, RunState, RunStatus
 from app.engine import runs
 from app.engine.admission import Admission
+from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION
 from app.engine.events import EventHub
 from app.engine.llm.retrying import RetryPolicy
 from app.engine.loop import TurnRunner, execute
@@ -41,9 +42,25 @@ from app.engine.supervisor import Supervisor
 from app.models import AgentSession, Run
 from app.schemas import SessionCreate, ToolResultIn, ToolResultsIn
 from tests.conftest import make_settings
-from tests.engine.scripted import ScriptedModel
+from tests.engine.scripted import Item, Responder, ScriptedModel, last_user_text, reply
 
 TENANT = "tenant-a"
+
+# Compaction settings under which long turns ("remember this " * 800: some 2,800 tokens)
+# are collapsed: from the third run's end on, each run's collapse summarises a turn.
+COLLAPSING = {"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
+
+
+def summarising(*first: Item) -> Responder:
+    """Collapse requests get `first` (in order), then a short summary; turns, "noted"."""
+    queue = list(first)
+
+    def respond(body: dict[str, Any]) -> Item:
+        if COLLAPSE_INSTRUCTION in last_user_text(body):
+            return queue.pop(0) if queue else reply("Talked some more.")
+        return reply("noted")
+
+    return respond
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from app.domain import RunKind, RunStatus
 from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION, collapse_spans
 from app.engine.compaction.layers import MAX_CONSECUTIVE_FAILURES
 from app.schemas import ContextOut
-from tests.engine.conftest import Harness, assert_gap_free
+from tests.engine.conftest import COLLAPSING, Harness, assert_gap_free, summarising
 from tests.engine.scripted import (
     Item,
     bad_request,
@@ -379,7 +379,7 @@ async def test_context_collapse_projects_finished_spans(h: Harness) -> None:
     h.model.responder = responder
     session = await h.new_session(
         builtin_tools=["Read"],
-        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False},
+        compaction=COLLAPSING,
     )
     await seed_files(h, session.id)
     summarised = 0
@@ -409,17 +409,8 @@ async def test_a_run_ending_while_its_sessions_collapse_works_starts_no_second_o
     ends: that run's check is left out (it would summarise the same turn again), so
     each span is summarised once; the run after checks again."""
     collapsing = held("Talked at length.", after=1)
-    summaries = [collapsing]
-
-    def responder(body: dict[str, Any]) -> Item:
-        if COLLAPSE_INSTRUCTION in last_user_text(body):
-            return summaries.pop() if summaries else reply("Talked some more.")
-        return reply("noted")
-
-    h.model.responder = responder
-    session = await h.new_session(
-        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
-    )
+    h.model.responder = summarising(collapsing)
+    session = await h.new_session(compaction=COLLAPSING)
     for i in range(4):  # the third run's end starts a collapse of the first turn
         run = await h.start(session.id, f"note {i}: " + "remember this " * 800)
         await h.supervisor.wait_settled(run.id, poll_seconds=0.02)

@@ -27,8 +27,8 @@ from app.engine.compaction.collapse import COLLAPSE_INSTRUCTION
 from app.engine.events import StoredEvent
 from app.errors import Conflict
 from app.models import AgentSession, Collapse, Message, Run, RunEvent
-from tests.engine.conftest import TENANT, Harness, assert_gap_free
-from tests.engine.scripted import Item, ScriptedModel, held, last_user_text, reply, tool_use
+from tests.engine.conftest import COLLAPSING, TENANT, Harness, assert_gap_free, summarising
+from tests.engine.scripted import ScriptedModel, held, last_user_text, reply, tool_use
 from tests.statements import CLAIM, wait_for_lock
 
 LONG = " ".join(f"word{i}" for i in range(60))  # many deltas (8 characters each)
@@ -529,17 +529,8 @@ async def test_a_turn_posted_while_a_collapse_writes_waits_for_its_claim(
     request waits for its claim: the guard fails before any request is sent, the turn
     is claimed the careful way, and every model request made is one the session pays."""
     collapsing = held("Talked at length.", after=1)
-    summaries = [collapsing]
-
-    def responder(body: dict[str, Any]) -> Item:
-        if COLLAPSE_INSTRUCTION in last_user_text(body):
-            return summaries.pop() if summaries else reply("Talked some more.")
-        return reply("noted")
-
-    model.responder = responder
-    session = await h.new_session(
-        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
-    )
+    model.responder = summarising(collapsing)
+    session = await h.new_session(compaction=COLLAPSING)
     for i in range(3):  # the third run's end starts a collapse of the first turn
         run = await post(h, session.id, f"note {i}: " + "remember this " * 800)
         await h.supervisor.wait_settled(run.id, poll_seconds=0.02)
@@ -567,12 +558,8 @@ async def test_a_turn_after_a_collapse_was_stored_reads_the_row_it_changed(
     """Storing a collapse changes the session row (its marks version): the row kept by
     the run before is forgotten, so the next turn is claimed from the row as it is, with
     no model request wasted on a guard that fails."""
-    model.responder = lambda body: reply(
-        "Talked at length." if COLLAPSE_INSTRUCTION in last_user_text(body) else "noted"
-    )
-    session = await h.new_session(
-        compaction={"threshold_tokens": 40_000, "collapse_at": 0.25, "micro": False}
-    )
+    model.responder = summarising()
+    session = await h.new_session(compaction=COLLAPSING)
     wasted = claims("guard_failed", True)
     for i in range(5):  # from the third run's end on, each collapses a turn (settled: done)
         out = await h.settle((await post(h, session.id, f"note {i}: " + "remember " * 1600)).id)
