@@ -92,13 +92,14 @@ def new_message(
     uuid_: UUID | None = None,
     token_estimate: int | None = None,
     created_at: datetime | None = None,
+    seq: int = 0,
 ) -> MessageRecord:
-    """A message to append (the store gives it its seq). Its token estimate is computed
-    once, here (invariant 8)."""
+    """A message to append (the store gives it its seq, unless the caller knows it). Its
+    token estimate is computed once, here (invariant 8)."""
     return MessageRecord(
         uuid=uuid_ or uuid.uuid4(),
         session_id=session_id,
-        seq=0,
+        seq=seq,
         parent_uuid=parent_uuid,
         logical_parent_uuid=logical_parent_uuid,
         type=type,

@@ -298,7 +298,7 @@ class Admission:
         idempotency_key: str | None,
         digest: str,
     ) -> Run:
-        return Run(
+        return runs.new_run(
             id=uuid.uuid4(),
             session_id=session.id,
             kind=kind,

@@ -19,7 +19,7 @@ from typing import Any, cast
 from sqlalchemy import Table, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.attributes import instance_dict, instance_state, set_committed_value
 
 from app.context.blocks import as_blocks
 from app.conversation import store
@@ -57,11 +57,33 @@ def lease_deadline(seconds: float) -> datetime:
     return now() + timedelta(seconds=seconds)
 
 
+def new_run(**values: Any) -> Run:
+    """A new run holding `values`, filled the way the ORM fills a row it loads rather
+    than attribute by attribute (a turn's hot path); `db.add` inserts it as usual."""
+    run = cast(Run, Run.__mapper__.class_manager.new_instance())
+    instance_dict(run).update(values)
+    return run
+
+
+def _set(run: Run, **values: Any) -> None:
+    """Set `values` on `run`: into its dict while it is transient (no session has held
+    it: its INSERT takes them from there and nothing else tracks it; a new turn's hot
+    path), else through the ORM, which tracks the change for the session's flush."""
+    if instance_state(run).transient:
+        instance_dict(run).update(values)
+    else:
+        for name, value in values.items():
+            setattr(run, name, value)
+
+
 def own(run: Run, *, worker_id: str, lease_seconds: float) -> None:
     """Make this process the run's owner under a new epoch."""
-    run.epoch = (run.epoch or 0) + 1
-    run.worker_id = worker_id
-    run.lease_expires_at = lease_deadline(lease_seconds)
+    _set(
+        run,
+        epoch=(run.epoch or 0) + 1,
+        worker_id=worker_id,
+        lease_expires_at=lease_deadline(lease_seconds),
+    )
 
 
 def conflict_for(run: Run) -> Conflict:
@@ -243,7 +265,7 @@ async def claim_at_once(
     assert run.params.content is not None
     assert run.params.parent_uuid is None
     seen_head, seen_seq, epoch = session.head_uuid, session.message_seq, run.epoch
-    record = _user_message(session, run, seen_head).with_(seq=seen_seq + 1)
+    record = _user_message(session, run, seen_head, seq=seen_seq + 1)
     claimed = _start(session, run, record, seen_head, worker_id, lease_seconds)
     params = {
         "session_id": session.id,
@@ -281,7 +303,7 @@ async def claim_at_once(
         raise
     if not rows:
         set_committed_value(session, "head_uuid", seen_head)
-        run.status, run.epoch, run.started_at = RunStatus.QUEUED, epoch, None
+        _set(run, status=RunStatus.QUEUED, epoch=epoch, started_at=None)
         return None
     set_committed_value(session, "message_seq", record.seq)
     if version is not None:
@@ -349,7 +371,9 @@ async def _lost_race(db: AsyncSession, session_id: uuid.UUID) -> None:
         raise conflict_for(holder) from None
 
 
-def _user_message(session: AgentSession, run: Run, parent: uuid.UUID | None) -> MessageRecord:
+def _user_message(
+    session: AgentSession, run: Run, parent: uuid.UUID | None, seq: int = 0
+) -> MessageRecord:
     assert run.params.content is not None
     return new_message(
         session_id=session.id,
@@ -358,6 +382,7 @@ def _user_message(session: AgentSession, run: Run, parent: uuid.UUID | None) -> 
         role="user",
         content=as_blocks(run.params.content),
         run_id=run.id,
+        seq=seq,
     )
 
 
@@ -373,20 +398,23 @@ def _start(
     events that report the claim."""
     head = record.uuid if record is not None else parent
     set_committed_value(session, "head_uuid", head)
-    run.user_message_uuid = record.uuid if record is not None else None
-    run.status = RunStatus.RUNNING
-    run.started_at = now()
+    _set(
+        run,
+        user_message_uuid=record.uuid if record is not None else None,
+        status=RunStatus.RUNNING,
+        started_at=now(),
+    )
     own(run, worker_id=worker_id, lease_seconds=lease_seconds)
     items: list[tuple[str, Any]] = [("run.started", run_json(run))]
     if record is not None:
         items.append(("message.completed", message_payload(record)))
     batch = numbered(max(run.last_event_seq, run.reserved_seq or 0), items)
-    run.last_event_seq = batch[-1].seq
     # The owner's first block of ids, and the uuid its first reply streams under, are
     # reserved with the claim: the model is called without another write first.
-    run.reserved_seq = batch[-1].seq + RESERVE_BLOCK
+    reserved: dict[str, Any] = {"reserved_seq": batch[-1].seq + RESERVE_BLOCK}
     if run.kind == RunKind.TURN:
-        run.streaming_uuid = uuid.uuid4()
+        reserved["streaming_uuid"] = uuid.uuid4()
+    _set(run, last_event_seq=batch[-1].seq, **reserved)
     return Claimed(record, batch)
 
 
