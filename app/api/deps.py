@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Path, Query, Request
@@ -16,7 +17,7 @@ from app.config import Settings
 from app.conversation import session_rows, sessions
 from app.conversation.session_rows import TurnSession
 from app.conversation.views import ChainCache
-from app.db import after_commit, after_rollback, commit, rollback
+from app.db import after_commit, after_rollback
 from app.engine.runtime import Runtime
 from app.errors import Forbidden, NotFound, Unauthorized
 from app.models import AgentSession
@@ -48,13 +49,8 @@ async def get_views(runtime: RuntimeDep) -> ChainCache:
 async def get_db(runtime: RuntimeDep) -> AsyncIterator[AsyncSession]:
     """One transaction per request: services flush, this commits when the route returns
     (before the answer is sent), then starts what waited for the commit (a claimed run)."""
-    async with runtime.db.sessionmaker() as db:
-        try:
-            yield db
-            await commit(db)
-        except BaseException:
-            await rollback(db)
-            raise
+    async with runtime.db.transaction() as db:
+        yield db
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
@@ -163,24 +159,34 @@ async def load_session(
     return session
 
 
-async def load_turn_session(
-    request: Request,
-    db: DbDep,
-    runtime: RuntimeDep,
-    session_id: Annotated[uuid.UUID, Path()],
-) -> TurnSession:
-    """The session a turn is posted to, for a caller counted against its key's request
-    and turn rates; from the row this process keeps when it has it (`session_rows`: the
-    claim is guarded on its version). One dependency where another route has three
-    (`CallerDep`, `count_turn`, `SessionDep`): FastAPI's work per dependency is a
-    noticeable part of a turn's."""
-    caller = await get_caller(request, db, runtime)
-    await count_turn(caller, runtime)
-    check_token_session(caller, session_id)
-    return await session_rows.for_turn(
-        db, runtime.resources.session_rows, caller.tenant, session_id
-    )
+@dataclass(frozen=True, slots=True)
+class PostedTurn:
+    """What the route of a posted turn works with: the request's transaction, the
+    runtime, and the session the turn goes to."""
+
+    db: AsyncSession
+    runtime: Runtime
+    session: TurnSession
+
+
+async def open_turn(
+    request: Request, session_id: Annotated[uuid.UUID, Path()]
+) -> AsyncIterator[PostedTurn]:
+    """`get_db`'s transaction, for a caller counted against its key's request and turn
+    rates, and the session the turn is posted to: from the row this process keeps when
+    it has it (`session_rows`: the claim is guarded on its version). One dependency
+    where another route has five (`RuntimeDep`, `DbDep`, `CallerDep`, `count_turn`,
+    `SessionDep`): FastAPI's work per dependency is a noticeable part of a turn's."""
+    runtime: Runtime = request.app.state.runtime
+    async with runtime.db.transaction() as db:
+        caller = await get_caller(request, db, runtime)
+        await count_turn(caller, runtime)
+        check_token_session(caller, session_id)
+        rows = runtime.resources.session_rows
+        session = await session_rows.for_turn(db, rows, caller.tenant, session_id)
+        yield PostedTurn(db, runtime, session)
 
 
 SessionDep = Annotated[AgentSession, Depends(load_session)]
-TurnSessionDep = Annotated[TurnSession, Depends(load_turn_session)]
+# scope="function", as `DbDep`: the commit happens when the route returns.
+PostedTurnDep = Annotated[PostedTurn, Depends(open_turn, scope="function")]

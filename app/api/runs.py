@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from app.api.delivery import SSE_RESPONSES, deliver, delivery_mode, sse_stream
-from app.api.deps import AfterQuery, DbDep, RuntimeDep, SessionDep, TurnSessionDep, count_turn
+from app.api.deps import AfterQuery, DbDep, PostedTurnDep, RuntimeDep, SessionDep, count_turn
 from app.conversation.payloads import run_out
 from app.domain import FINAL_RUN_STATUSES
 from app.engine import runs
@@ -51,9 +51,7 @@ TURN_RESPONSES = {
 async def post_turn(
     body: TurnIn,
     request: Request,
-    session: TurnSessionDep,
-    db: DbDep,
-    runtime: RuntimeDep,
+    turn: PostedTurnDep,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Store a user message after the head (or after `parent_uuid`) and run the agent loop
@@ -69,10 +67,11 @@ async def post_turn(
         if idempotency_key is not None
         else ""
     )
+    runtime, session = turn.runtime, turn.session
     if body.webhook_url is not None:
         await endpoints.check_turn_url(runtime.settings, body.webhook_url)
     run = await runtime.admission.post_turn(
-        db,
+        turn.db,
         session.row,
         version=session.version,
         content=body.content,
