@@ -69,9 +69,12 @@ def add_cache_breakpoints(
     messages: list[ApiMessage],
     *,
     ttl: str | None = None,
+    unmarked: bool = False,
 ) -> tuple[list[Block] | None, list[dict[str, Any]], list[ApiMessage]]:
     """`(system, tools, messages)` with cache breakpoints placed (see module doc).
-    A string system prompt comes back as one text block; None or empty stays as given."""
+    A string system prompt comes back as one text block; None or empty stays as given.
+    `unmarked`: the messages carry no mark (`normalize_for_api` made them), so they are
+    not searched for one (a pass over every block of the view)."""
     mark = cache_mark(ttl)
 
     new_tools = _unmarked(tools)
@@ -89,7 +92,7 @@ def add_cache_breakpoints(
     new_messages = list(messages)
     # Stored marks are removed first (normalize_for_api already drops them; callers
     # may not have normalised), then at most two are placed.
-    for i, message in enumerate(new_messages):
+    for i, message in enumerate(() if unmarked else new_messages):
         content = message.get("content")
         if isinstance(content, list):
             for block in content:

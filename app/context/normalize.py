@@ -29,16 +29,18 @@ service itself produced. What it does, in order:
    as the last block, and a prefill is not taken with thinking on) and with trailing
    whitespace stripped from its last text block (API rule); left empty, it is dropped.
 
-The output is a fresh list of fresh message dicts with fresh content lists; the block
-dicts inside are the stored ones unless changed, so treat them as read-only. The
-result is a fixed point: normalising it again changes nothing. One pass, linear in
-the number of blocks; with a `MergeMemo`, linear in the blocks new since the view the
-memo last saw, when the view extends it (the next turn of a conversation), plus a pass
-over the messages.
+The output is a fresh list of message dicts with fresh content lists; the block dicts
+inside are the stored ones unless changed, so treat them as read-only. The result is
+a fixed point: normalising it again changes nothing. One pass, linear in the number of
+blocks; with a `MergeMemo`, linear in the blocks new since the view the memo last saw,
+when the view extends it (the next turn of a conversation): the messages before them
+are the ones the last result holds (read-only too), and what remains proportional to
+the whole view is a comparison of row identities and list copies, done in C.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,23 +102,24 @@ class _Group:
 
 @dataclass
 class MergeMemo:
-    """Where the last view normalised with this memo left steps 1-3 (its rows, merged),
-    so that normalising a view that extends it (the same rows, then more: the next turn
-    of a conversation) goes on from there instead of from the first row. Any other view
-    is normalised from the start and becomes the memo's. Holds references, not copies:
-    the rows' blocks, and groups that are never changed once kept."""
+    """Where the last view normalised with this memo left off, so that normalising a
+    view that extends it (the same rows, then more: the next turn of a conversation)
+    goes on from there instead of from the first row: its rows merged (steps 1-3),
+    every group but the last paired (steps 4-5: the last may still grow) and the
+    messages of those. Any other view is normalised from the start and becomes the
+    memo's. Holds references, not copies: the rows' blocks, groups that are never
+    changed once kept, and messages that the results share (read-only)."""
 
     nodes: tuple[Node, ...] = ()
     groups: list[_Group] = field(default_factory=list)
     seen_uses: frozenset[str] = frozenset()
+    paired: list[_Group] = field(default_factory=list)  # steps 4-5 over groups[:-1]
+    messages: list[ApiMessage] = field(default_factory=list)  # one per `paired` group
 
     def resumes(self, nodes: Sequence[Node]) -> bool:
         kept = self.nodes
-        return (
-            0 < len(kept) <= len(nodes)
-            and kept[-1] is nodes[len(kept) - 1]
-            and all(a is b for a, b in zip(kept, nodes, strict=False))
-        )
+        # `map` compares in C: this runs over the whole view on every request.
+        return 0 < len(kept) <= len(nodes) and all(map(operator.is_, kept, nodes))
 
 
 def _without_cache_control(block: Block) -> Block:
@@ -191,19 +194,11 @@ def _add_blocks(group: _Group, content: Any, seen_uses: set[str]) -> bool:
     return added
 
 
-def _merge_rows(nodes: Sequence[Node], memo: MergeMemo | None = None) -> list[_Group]:
-    """Steps 1-3 without pairing: visible rows, cleaned, same-role runs merged. With a
-    `memo` of a view that `nodes` extends, from where that view ended (its last group
-    copied: the new rows may extend it); the memo then holds `nodes`."""
-    groups: list[_Group] = []
-    seen_uses: set[str] = set()
-    start = 0
-    if memo is not None and memo.resumes(nodes):
-        start = len(memo.nodes)
-        groups = [*memo.groups[:-1], memo.groups[-1].copy()] if memo.groups else []
-        seen_uses = set(memo.seen_uses)
+def _merge_rows(nodes: Sequence[Node], groups: list[_Group], seen_uses: set[str]) -> None:
+    """Steps 1-3 without pairing: visible rows, cleaned, same-role runs merged, appended
+    to `groups` (whose last group the first rows may extend: it must be the caller's)."""
     last: _Group | None = groups[-1] if groups else None
-    for node in nodes[start:]:
+    for node in nodes:
         if is_internal(node):
             continue
         role = node.role or USER
@@ -213,9 +208,6 @@ def _merge_rows(nodes: Sequence[Node], memo: MergeMemo | None = None) -> list[_G
             if group is not last:
                 groups.append(group)
                 last = group
-    if memo is not None:
-        memo.nodes, memo.groups, memo.seen_uses = tuple(nodes), groups, frozenset(seen_uses)
-    return groups
 
 
 def _answered(group: _Group, uses: list[str]) -> _Group:
@@ -236,31 +228,34 @@ def _answered(group: _Group, uses: list[str]) -> _Group:
     return group.copy(results=kept)
 
 
-def _pair(groups: list[_Group]) -> list[_Group]:
-    """Steps 4-5: answer every tool_use in the next message, drop emptied user messages
-    and merge the assistant messages that then touch (into new groups: `groups` are
-    left as they are)."""
-    out: list[_Group] = []
-    for group in groups:
-        last = out[-1] if out else None
-        if group.role == ASSISTANT:
-            if last is not None and last.role == ASSISTANT:
-                out[-1] = last.copy(
-                    other=last.other + group.other,
-                    uses=last.uses + group.uses,
-                    uuids=last.uuids + group.uuids,
-                )
-            else:
-                out.append(group)
-            continue
-        answered = _answered(group, last.uses if last is not None else [])
-        if answered.results or answered.other:
-            out.append(answered)
+def _pair(out: list[_Group], group: _Group) -> None:
+    """Steps 4-5 for the next group: answer every tool_use of the message before it,
+    drop it if that empties a user message, and merge the assistant messages that then
+    touch (into a new group: the groups are left as they are). Only `out`'s last entry
+    is ever replaced."""
+    last = out[-1] if out else None
+    if group.role == ASSISTANT:
+        if last is not None and last.role == ASSISTANT:
+            out[-1] = last.copy(
+                other=last.other + group.other,
+                uses=last.uses + group.uses,
+                uuids=last.uuids + group.uuids,
+            )
+        else:
+            out.append(group)
+        return
+    answered = _answered(group, last.uses if last is not None else [])
+    if answered.results or answered.other:
+        out.append(answered)
+
+
+def _answer_open_uses(out: list[_Group]) -> None:
+    """Step 4 at the end: a final assistant message with tool uses gets a user message
+    of placeholders."""
     if out and out[-1].role == ASSISTANT and out[-1].uses:
         answer = _Group(USER)
         answer.results = [missing_result(u) for u in out[-1].uses]
         out.append(answer)
-    return out
 
 
 THINKING_TYPES = frozenset({"thinking", "redacted_thinking"})
@@ -285,12 +280,50 @@ def _as_prefill(out: list[_Group]) -> None:
         out[-1] = out[-1].copy(other=other)
 
 
-def _normalized(nodes: Sequence[Node], memo: MergeMemo | None = None) -> tuple[list[_Group], bool]:
-    """The messages as groups, and whether the omission note must lead them."""
-    out = _pair(_merge_rows(nodes, memo))
+def _normalized(
+    nodes: Sequence[Node], memo: MergeMemo | None = None, resume: bool = False
+) -> tuple[list[_Group], bool]:
+    """The messages as groups, and whether the omission note must lead them. With a
+    `memo` (`resume`: of a view that `nodes` extends), from where that view ended (its
+    last group copied: the new rows may extend it); the memo then holds `nodes`."""
+    groups: list[_Group] = []
+    seen_uses: set[str] = set()
+    out: list[_Group] = []
+    start = paired = 0  # the first row to merge, the first group to pair
+    if memo is not None and resume:
+        start = len(memo.nodes)
+        if memo.groups:
+            groups = [*memo.groups[:-1], memo.groups[-1].copy()]
+            paired = len(groups) - 1
+        seen_uses = set(memo.seen_uses)
+        out = list(memo.paired)
+    _merge_rows(nodes[start:], groups, seen_uses)
+    for group in groups[paired:-1]:
+        _pair(out, group)
+    if memo is not None:
+        memo.nodes, memo.groups, memo.seen_uses = tuple(nodes), groups, frozenset(seen_uses)
+        memo.paired = list(out)
+    if groups:
+        _pair(out, groups[-1])
+    _answer_open_uses(out)
     if out and out[-1].role == ASSISTANT:
         _as_prefill(out)
     return out, bool(out) and out[0].role == ASSISTANT
+
+
+def _message(group: _Group) -> ApiMessage:
+    return {"role": group.role, "content": group.content()}
+
+
+def _messages(
+    groups: list[_Group], known: list[_Group], messages: list[ApiMessage]
+) -> list[ApiMessage]:
+    """The messages of `groups`, reusing `messages` (those of `known`) for the groups
+    the two share at the start. Only the tail can differ (`_pair`, `_as_prefill`)."""
+    shared = min(len(groups), len(known))
+    while shared and groups[shared - 1] is not known[shared - 1]:
+        shared -= 1
+    return messages[:shared] + [_message(group) for group in groups[shared:]]
 
 
 def _omission_note() -> ApiMessage:
@@ -301,12 +334,18 @@ def normalize_for_api(nodes: Sequence[Node], memo: MergeMemo | None = None) -> l
     """The `messages` array for a model request built from a view (see module doc).
     An empty list when nothing in the view is visible to the model. `memo`: the
     caller's, kept from the last view it normalised (the result is the same with or
-    without one)."""
-    groups, lead = _normalized(nodes, memo)
-    messages = [{"role": g.role, "content": g.content()} for g in groups]
-    if lead:
-        messages.insert(0, _omission_note())
-    return messages
+    without one; with one, results share the message dicts of what they have in
+    common: read-only, like the blocks)."""
+    if memo is None:
+        groups, lead = _normalized(nodes)
+        messages = [_message(group) for group in groups]
+    else:
+        resume = memo.resumes(nodes)
+        known, known_messages = (memo.paired, memo.messages) if resume else ([], [])
+        groups, lead = _normalized(nodes, memo, resume)
+        messages = _messages(groups, known, known_messages)
+        memo.messages = _messages(memo.paired, groups, messages)
+    return [_omission_note(), *messages] if lead else messages
 
 
 def normalize_with_uuids(nodes: Sequence[Node]) -> list[tuple[ApiMessage, list[str]]]:
@@ -314,7 +353,7 @@ def normalize_with_uuids(nodes: Sequence[Node]) -> list[tuple[ApiMessage, list[s
     from (empty for synthetic messages: the leading omission note, a placeholder-only
     answer to an open tool call)."""
     groups, lead = _normalized(nodes)
-    pairs = [({"role": g.role, "content": g.content()}, list(g.uuids)) for g in groups]
+    pairs = [(_message(g), list(g.uuids)) for g in groups]
     if lead:
         pairs.insert(0, (_omission_note(), []))
     return pairs

@@ -34,6 +34,8 @@ def span_indices(
 ) -> list[tuple[int, int, CollapseSpan]]:
     """Each span that lies on `nodes`, as (start index, end index, span), in order.
     Overlapping spans cannot both apply: the earlier-starting one is kept."""
+    if not spans:
+        return []  # the common case, without indexing the whole view
     index = {node.uuid: i for i, node in enumerate(nodes)}
     found = []
     for span in spans:

@@ -37,6 +37,7 @@ def build_body(
         system_blocks(config.system if system is None else system),
         config.tool_definitions if tools is None else tools,
         messages,
+        unmarked=True,
     )
     body: dict[str, Any] = {
         "model": model or config.model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -111,6 +112,18 @@ def test_empty_inputs_and_bad_ttl() -> None:
     assert add_cache_breakpoints(None, [], []) == (None, [], [])
     with pytest.raises(ValueError, match="ttl"):
         add_cache_breakpoints(None, [], [], ttl="2h")
+
+
+@given(histories(), st.sampled_from([None, "5m", "1h"]))
+def test_normalised_messages_need_no_search_for_stored_marks(h: Any, ttl: str | None) -> None:
+    """What normalize_for_api makes carries no mark: placing breakpoints without looking
+    for one (`unmarked`) gives the same request, a stored mark on the rows or not."""
+    marked_rows = [replace(node, content=[marked(block) for block in node.content]) for node in h]
+    for view in (h, marked_rows):
+        messages = normalize_for_api(view)
+        assert add_cache_breakpoints(SYSTEM, TOOLS, messages, ttl=ttl, unmarked=True) == (
+            add_cache_breakpoints(SYSTEM, TOOLS, messages, ttl=ttl)
+        )
 
 
 @given(histories(), st.booleans(), st.booleans(), st.sampled_from([None, "5m", "1h"]))

@@ -494,6 +494,18 @@ def test_a_memo_changes_no_result(h: list[Node], other: list[Node], data: st.Dat
         assert got == then, "a later call changed an earlier result"
 
 
+@given(histories(max_size=40), st.data())
+def test_a_memo_follows_a_conversation_row_by_row(h: list[Node], data: st.DataObject) -> None:
+    """Every view of a growing conversation (one to three rows more each turn), with
+    one memo throughout: each result equals the one computed without, so the merged,
+    paired and rendered tail the memo carries over is exactly what a fresh pass makes."""
+    memo = MergeMemo()
+    cut = 0
+    while cut < len(h):
+        cut = min(len(h), cut + data.draw(st.integers(1, 3)))
+        assert normalize_for_api(h[:cut], memo) == normalize_for_api(h[:cut])
+
+
 @given(histories(max_size=30))
 def test_a_memo_is_resumed_only_by_a_view_that_extends_it(h: list[Node]) -> None:
     memo = MergeMemo()
