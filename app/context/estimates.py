@@ -25,7 +25,9 @@ reply is considered. Rows the model never sees count for nothing.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app.context.blocks import is_internal, tool_use_ids
@@ -39,20 +41,44 @@ from app.context.types import ASSISTANT, Node
 REQUEST_ESTIMATE = "request_estimate"
 
 
+@dataclass
+class TokenMemo:
+    """The rows of the last view summed with this memo and their total, so that a view
+    that extends it (the next turn's, or the same view again) sums only the rows it
+    adds. Holds references to the rows (compared by identity), not copies."""
+
+    nodes: tuple[Node, ...] = ()
+    total: int = 0
+
+
+def visible_tokens(nodes: Sequence[Node], memo: TokenMemo | None = None) -> int:
+    """The stored estimates of the rows the model sees, summed; from where `memo` left
+    off when `nodes` extends its view (the result is the same without one)."""
+    start = total = 0
+    if memo is not None:
+        kept = memo.nodes
+        # `map` compares in C: this runs over the whole view twice a request.
+        if len(kept) <= len(nodes) and all(map(operator.is_, kept, nodes)):
+            start, total = len(kept), memo.total
+    total += sum(node_tokens(node) for node in nodes[start:] if not is_internal(node))
+    if memo is not None:
+        memo.nodes, memo.total = tuple(nodes), total
+    return total
+
+
 def definitions_estimate(config: SessionConfig) -> int:
     """The system prompt and the tool definitions, in calibration tokens."""
     return estimate_system(config.system) + estimate_tools(config.tool_definitions)
 
 
-def request_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
+def request_estimate(
+    config: SessionConfig, nodes: Sequence[Node], memo: TokenMemo | None = None
+) -> int:
     """The estimate of a request built from `nodes`, system and tools included, in
     calibration tokens: what a reply records as `REQUEST_ESTIMATE`. A final reply's
-    thinking is not part of it (a prefill is sent without, `normalize_for_api`)."""
-    return (
-        definitions_estimate(config)
-        + sum(node_tokens(node) for node in nodes if not is_internal(node))
-        - prefill_thinking(nodes)
-    )
+    thinking is not part of it (a prefill is sent without, `normalize_for_api`).
+    `memo`: see `visible_tokens`."""
+    return definitions_estimate(config) + visible_tokens(nodes, memo) - prefill_thinking(nodes)
 
 
 def prefill_thinking(nodes: Sequence[Node]) -> int:
@@ -110,12 +136,12 @@ def without_anchor(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
     return {key: value for key, value in metadata.items() if key != REQUEST_ESTIMATE}
 
 
-def _anchor(config: SessionConfig, nodes: Sequence[Node]) -> tuple[int, int, int, int, int] | None:
+def _anchor(
+    config: SessionConfig, nodes: Sequence[Node], memo: TokenMemo | None = None
+) -> tuple[int, int, int, int, int] | None:
     """The anchoring reply of a view, as `(index, measured input, output, change of its
     prefix's estimate, estimates after it)`; None when no reply anchors (module doc)."""
-    total = definitions_estimate(config) + sum(
-        node_tokens(node) for node in nodes if not is_internal(node)
-    )
+    total = definitions_estimate(config) + visible_tokens(nodes, memo)
     after = 0
     for i in range(len(nodes) - 1, -1, -1):
         node = nodes[i]
@@ -134,14 +160,16 @@ def _anchor(config: SessionConfig, nodes: Sequence[Node]) -> tuple[int, int, int
     return None
 
 
-def anchored_estimate(config: SessionConfig, nodes: Sequence[Node]) -> int:
+def anchored_estimate(
+    config: SessionConfig, nodes: Sequence[Node], memo: TokenMemo | None = None
+) -> int:
     """The figure of the request built from `nodes` (the view as projected now):
     anchored on the newest reply whose usage measured this view's prefix, estimated
-    from content otherwise (module doc)."""
+    from content otherwise (module doc). `memo`: see `visible_tokens`."""
     factor = model_info(config.model).tokens_per_char_factor
-    found = _anchor(config, nodes)
+    found = _anchor(config, nodes, memo)
     if found is None:
-        return int(request_estimate(config, nodes) * factor)
+        return int(request_estimate(config, nodes, memo) * factor)
     i, measured, output, changed, after = found
     rest = after - prefill_thinking(nodes[i + 1 :]) if after else 0
     return max(int(measured + output + (changed + rest) * factor), 0)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.context.estimates import TokenMemo
 from app.context.normalize import MergeMemo
 from app.context.projection import CollapseSpan, project, span_indices
 from app.context.types import COMPACT_BOUNDARY, Node
@@ -41,6 +42,15 @@ def record_bytes(record: MessageRecord) -> int:
 
 
 @dataclass
+class ViewMemos:
+    """What a session's next request carries over from the last one built from its
+    view here (the loop's requests only): where normalising and summing left off."""
+
+    merge: MergeMemo = field(default_factory=MergeMemo)
+    tokens: TokenMemo = field(default_factory=TokenMemo)
+
+
+@dataclass
 class CachedChain:
     head: uuid.UUID
     records: list[MessageRecord]
@@ -62,8 +72,8 @@ class ChainCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[uuid.UUID, CachedChain] = OrderedDict()
         self.size = 0
-        # The normalisation memo of each session kept here (the loop's requests only).
-        self.memos: dict[uuid.UUID, MergeMemo] = {}
+        # The memos of each session kept here (the loop's requests only).
+        self.memos: dict[uuid.UUID, ViewMemos] = {}
 
     async def view_records(
         self, db: AsyncSession, session_id: uuid.UUID, head: uuid.UUID | None, keep: bool = True
@@ -155,11 +165,14 @@ class ChainCache:
             and cached.marks_version == marks_version
         )
 
-    def memo(self, session_id: uuid.UUID) -> MergeMemo | None:
-        """The session's normalisation memo, while its view is kept here."""
+    def memo(self, session_id: uuid.UUID) -> ViewMemos | None:
+        """The session's memos, while its view is kept here."""
         if session_id not in self.entries:
             return None
-        return self.memos.setdefault(session_id, MergeMemo())
+        memos = self.memos.get(session_id)
+        if memos is None:
+            memos = self.memos[session_id] = ViewMemos()
+        return memos
 
     def peek(self, session_id: uuid.UUID, head: uuid.UUID | None) -> list[MessageRecord] | None:
         """The cached records of that exact view, if any (no I/O)."""

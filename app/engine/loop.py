@@ -38,6 +38,7 @@ from app.context.types import Block, Node
 from app.conversation import sessions, store
 from app.conversation.payloads import message_payload, result_events, run_out
 from app.conversation.records import MessageRecord, new_message
+from app.conversation.views import ViewMemos
 from app.db import is_transient
 from app.domain import USAGE_COUNTERS, RunKind, RunStatus, ToolResult
 from app.engine import finishing, refusal, runs
@@ -256,9 +257,10 @@ class TurnRunner:
             if self.state.model_calls:
                 await self.durably(self.check_budget)
             nodes = await self.durably(self.prepare)
-            body = build_body(self._config, nodes, memo=self.resources.views.memo(self._session.id))
+            memos = self.resources.views.memo(self._session.id) or ViewMemos()
+            body = build_body(self._config, nodes, memo=memos.merge)
             # Recorded on the reply: its usage anchors later estimates of this prefix.
-            measured = request_estimate(self._config, nodes)
+            measured = request_estimate(self._config, nodes, memos.tokens)
             try:
                 msg_uuid, done = await self.reply.call(body)
             except PromptTooLong as exc:

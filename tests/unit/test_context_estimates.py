@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from app.context.estimates import (
     REQUEST_ESTIMATE,
+    TokenMemo,
     anchored_estimate,
     prefill_thinking,
     prefix_sent,
@@ -211,3 +212,28 @@ def test_prefix_sent_only_when_a_reply_measured_the_view() -> None:
     assert not prefix_sent(cfg, imported)
     copied = [first[0], _with_meta(sent[1], without_anchor(sent[1].meta))]
     assert not prefix_sent(cfg, copied)
+
+
+@given(history=agent_histories(), other=agent_histories(), data=st.data())
+def test_a_memo_changes_no_estimate(
+    history: list[Node], other: list[Node], data: st.DataObject
+) -> None:
+    """A conversation's views as turns add rows (a reply measuring each request, as the
+    loop stores them), the same view twice, then a branch sharing only a prefix and
+    the first view again: with one memo throughout, every figure equals the one
+    computed without."""
+    cfg = config()
+    views: list[list[Node]] = []
+    view: list[Node] = []
+    for i, row in enumerate(history):
+        view = [*view, row]
+        if row.role != ASSISTANT and data.draw(st.booleans()):
+            real = data.draw(st.integers(1, 500_000))
+            view = [*view, measured(cfg, view, f"reply-{i}", real=real)]
+        views.append(view)
+    branch_at = data.draw(st.integers(0, len(view)))
+    views += [view, view[:branch_at] + other, views[0] if views else [], view]
+    memo = TokenMemo()
+    for each in views:
+        assert request_estimate(cfg, each, memo) == request_estimate(cfg, each)
+        assert anchored_estimate(cfg, each, memo) == anchored_estimate(cfg, each)

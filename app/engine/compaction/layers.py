@@ -16,6 +16,7 @@ from app.context.limits import Limits, max_tokens_of
 from app.context.micro import plan_micro
 from app.context.types import Node
 from app.conversation import marks
+from app.conversation.views import ViewMemos
 from app.domain import CompactionOutcome, CompactionTrigger
 from app.engine.compaction.compact import compact, current_view
 from app.engine.compaction.summary import CompactionFailed
@@ -63,7 +64,8 @@ async def before_request(run: RunHandle) -> list[Node]:
                 planned.results_cleared,
                 planned.tokens_freed,
             )
-    estimate = anchored_estimate(run.config, view.projected)
+    tokens = (resources.views.memo(session.id) or ViewMemos()).tokens
+    estimate = anchored_estimate(run.config, view.projected, tokens)
     pending = [span for span in view.collapses if span.applied_at is None]
     if pending and estimate > settings.collapse_at * limits.auto_compact_threshold:
         applied_at = datetime.now(UTC)
@@ -74,7 +76,7 @@ async def before_request(run: RunHandle) -> list[Node]:
         for span in pending:
             span.applied_at = applied_at
         view.reproject()
-        estimate = anchored_estimate(run.config, view.projected)
+        estimate = anchored_estimate(run.config, view.projected, tokens)
     if estimate > limits.auto_compact_threshold and should_auto_compact(run, estimate):
         try:
             await compact(run, CompactionTrigger.AUTO, pre_tokens=estimate)
