@@ -18,8 +18,10 @@ cleared: the model has not seen them yet.
 
 from __future__ import annotations
 
+import bisect
+import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app.context.blocks import is_model_visible, tool_use_ids
 from app.context.tokens import BLOCK_OVERHEAD_TOKENS, chars_to_tokens, estimate_block
@@ -88,6 +90,61 @@ def _scan(
     return found
 
 
+@dataclass
+class ScanMemo:
+    """The compactable results found in the last view planned with this memo, so that a
+    view that extends it (the next turn's) is scanned only in its new rows: per node
+    holding some, its index and each result's block index and tool use id, in order
+    (`found`), with the nodes that answer each id (`by_id`) and the tool names learnt
+    (`names`). Holds references to the rows (compared by identity), not copies."""
+
+    nodes: tuple[Node, ...] = ()
+    compactable: frozenset[str] = frozenset()
+    names: dict[str, str] = field(default_factory=dict)
+    found: list[tuple[int, list[tuple[int, str]]]] = field(default_factory=list)
+    by_id: dict[str, list[int]] = field(default_factory=dict)  # id -> positions in `found`
+
+    def resumes(self, nodes: Sequence[Node], compactable: frozenset[str]) -> bool:
+        kept = self.nodes
+        return (
+            compactable == self.compactable
+            and len(kept) <= len(nodes)
+            and all(map(operator.is_, kept, nodes))
+        )
+
+
+def _found(nodes: Sequence[Node], compactable: frozenset[str], memo: ScanMemo) -> ScanMemo:
+    """`memo` brought up to `nodes`: `_scan`'s findings without the split by protected
+    uses, from where the memo left off when `nodes` extends its view, else afresh."""
+    if not memo.resumes(nodes, compactable):
+        memo.nodes, memo.compactable = (), compactable
+        memo.names, memo.found, memo.by_id = {}, [], {}
+    names, found, by_id = memo.names, memo.found, memo.by_id
+    for i in range(len(memo.nodes), len(nodes)):
+        node = nodes[i]
+        content = node.content
+        if isinstance(content, str) or not content:
+            continue
+        if node.role == ASSISTANT:
+            for block in content:
+                if block.get("type") == "tool_use":
+                    names.setdefault(block.get("id", ""), block.get("name", ""))
+        elif node.role == USER:
+            results = [
+                (k, block["tool_use_id"])
+                for k, block in enumerate(content)
+                if block.get("type") == "tool_result"
+                and names.get(block.get("tool_use_id", "")) in compactable
+                and block.get("content") != CLEARED_TOOL_RESULT
+            ]
+            if results:
+                for _, use_id in results:
+                    by_id.setdefault(use_id, []).append(len(found))
+                found.append((i, results))
+    memo.nodes = tuple(nodes)
+    return memo
+
+
 def plan_micro(
     nodes: Sequence[Node],
     *,
@@ -96,6 +153,7 @@ def plan_micro(
     keep_recent: int,
     batch_tokens: int,
     cache_cold: bool,
+    memo: ScanMemo | None = None,
 ) -> MicroPlan | None:
     """The next watermark, or None when moving it is not worth a cache miss.
 
@@ -105,30 +163,47 @@ def plan_micro(
     returned when it frees at least `batch_tokens`, or anything at all when
     `cache_cold` (the prefix will be written afresh in any case); never for a move
     that frees nothing. Tokens are estimates relative to the projection at `watermark`,
-    exactly the drop in `estimate_messages` between the two projections."""
-    every = _scan(nodes, compactable, _newest_assistant_uses(nodes))
+    exactly the drop in `estimate_messages` between the two projections.
+
+    `memo`: the caller's, kept from the last view it planned (the result is the same
+    with or without one). With it a plan costs the view's new rows, the newest results
+    (up to `keep_recent` and the protected ones) and those between the watermark and
+    the plan's."""
+    found = _found(nodes, compactable, memo or ScanMemo())
+    entries = found.found
+    # Entries answering the newest assistant message's uses: never cleared.
+    protected = _newest_assistant_uses(nodes)
+    guarded: dict[int, int] = {}  # position in `entries` -> its protected results
+    for use_id in protected:
+        for position in found.by_id.get(use_id, ()):
+            guarded[position] = guarded.get(position, 0) + 1
     # The watermark stays below the node of the oldest result that must stay: the
     # keep_recent-th newest one, and any answer to the newest assistant message.
     limit = len(nodes)
     kept = 0
-    for i, hits, guarded in reversed(every):
-        if guarded or kept < keep_recent:
+    oldest_guarded = min(guarded, default=len(entries))
+    for position in range(len(entries) - 1, -1, -1):
+        i, results = entries[position]
+        if position in guarded or kept < keep_recent:
             limit = i
-        kept += len(hits) + guarded
+        kept += len(results)
+        if kept >= keep_recent and position <= oldest_guarded:
+            break  # nothing older can lower the limit
     start = -1 if watermark is None else watermark
-    candidates = [(i, hits) for i, hits, _ in every if start < i < limit]
-    if not candidates:
-        return None
+    first = bisect.bisect_right(entries, start, key=lambda entry: entry[0])
     cleared_tokens = chars_to_tokens(len(CLEARED_TOOL_RESULT))
-    freed = 0
-    count = 0
-    for i, hits in candidates:
+    freed = count = 0
+    last = None
+    for i, results in entries[first:]:
+        if i >= limit:
+            break
         content = nodes[i].content
-        for k in hits:
+        for k, _ in results:
             freed += _saving(content[k], cleared_tokens)
             count += 1
-    if freed > 0 and (freed >= batch_tokens or cache_cold):
-        return MicroPlan(watermark=candidates[-1][0], tokens_freed=freed, results_cleared=count)
+        last = i
+    if last is not None and freed > 0 and (freed >= batch_tokens or cache_cold):
+        return MicroPlan(watermark=last, tokens_freed=freed, results_cleared=count)
     return None
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.estimates import TokenMemo
+from app.context.micro import ScanMemo
 from app.context.normalize import MergeMemo
 from app.context.projection import CollapseSpan, project, span_indices
 from app.context.types import COMPACT_BOUNDARY, Node
@@ -44,10 +45,12 @@ def record_bytes(record: MessageRecord) -> int:
 @dataclass
 class ViewMemos:
     """What a session's next request carries over from the last one built from its
-    view here (the loop's requests only): where normalising and summing left off."""
+    view here (the loop's requests only): where normalising, summing and scanning for
+    compactable results left off."""
 
     merge: MergeMemo = field(default_factory=MergeMemo)
     tokens: TokenMemo = field(default_factory=TokenMemo)
+    scan: ScanMemo = field(default_factory=ScanMemo)
 
 
 @dataclass

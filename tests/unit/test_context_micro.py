@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.context.blocks import is_model_visible
-from app.context.micro import MicroPlan, apply_micro, plan_micro
+from app.context.micro import MicroPlan, ScanMemo, apply_micro, plan_micro
 from app.context.normalize import normalize_for_api, validate_api_messages
 from app.context.tokens import estimate_messages
 from app.context.tools import COMPACTABLE_BUILTINS
@@ -113,6 +113,24 @@ def test_plan_keeps_recent_and_moves_only_for_a_big_enough_batch() -> None:
         plan_micro(h, watermark=4, compactable=C, keep_recent=0, batch_tokens=1, cache_cold=True)
         is None
     )
+
+
+def test_plan_keeps_an_answer_to_the_newest_call_behind_newer_results() -> None:
+    """A result answering the newest assistant message stays even when newer results
+    (here a repeated one) already make up `keep_recent`: the watermark stays below it."""
+    h = [
+        u("q", text("go")),
+        a("a1", tool_use("t1", "Read")),
+        u("r1", tool_result("t1", "x" * 3000)),
+        a("a2", tool_use("t2", "Read")),
+        u("r2", tool_result("t2", "y" * 3000)),
+        u("r3", tool_result("t1", "x" * 3000)),
+    ]
+    plan = plan_micro(
+        h, watermark=None, compactable=C, keep_recent=1, batch_tokens=1, cache_cold=False
+    )
+    assert plan is not None
+    assert plan.watermark == 2, "r1 only: r2 answers the newest call"
 
 
 def test_plan_counts_client_tools_marked_compactable() -> None:
@@ -241,3 +259,42 @@ def test_plan_respects_keep_recent_and_frees_what_it_says(
     )
     assert plan.tokens_freed == freed > 0
     assert any(b["type"] == "tool_result" for b in h[plan.watermark].content)
+
+
+@given(agent_histories(), histories(), st.integers(0, 4), st.integers(0, 3000), st.data())
+def test_a_memo_changes_no_plan(
+    h: list[Node], other: list[Node], keep: int, batch: int, data: st.DataObject
+) -> None:
+    """A session's views as turns add rows (with the watermark each plan moves), the
+    same view twice, a branch sharing only a prefix, another set of compactable tools,
+    then the first view again: with one memo throughout, every plan equals the one
+    made without."""
+    views: list[tuple[list[Node], frozenset[str]]] = []
+    cut = 0
+    while cut < len(h):
+        cut = min(len(h), cut + data.draw(st.integers(1, 3)))
+        views.append((h[:cut], C))
+    branch_at = data.draw(st.integers(0, len(h)))
+    views += [(h, C), (h[:branch_at] + other, C), (h, frozenset({"Bash"})), (h, C)]
+    memo = ScanMemo()
+    watermark: int | None = None
+    for view, compactable in views:
+        cold = data.draw(st.booleans())
+        if watermark is not None and watermark >= len(view):
+            watermark = None
+        plans = [
+            plan_micro(
+                view,
+                watermark=watermark,
+                compactable=compactable,
+                keep_recent=keep,
+                batch_tokens=batch,
+                cache_cold=cold,
+                memo=each,
+            )
+            for each in (memo, None)
+        ]
+        plan = plans[0]
+        assert plan == plans[1]
+        if plan is not None and data.draw(st.booleans()):
+            watermark = plan.watermark

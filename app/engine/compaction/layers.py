@@ -39,6 +39,7 @@ async def before_request(run: RunHandle) -> list[Node]:
     limits = Limits.of(run.config)
     settings = limits.compaction
     view = await current_view(run)
+    memos = resources.views.memo(session.id) or ViewMemos()
     if settings.micro:
         cold = cache_cold(
             session.last_request_at, resources.settings.cache_ttl_seconds, datetime.now(UTC)
@@ -50,6 +51,7 @@ async def before_request(run: RunHandle) -> list[Node]:
             keep_recent=settings.keep_recent_tool_results,
             batch_tokens=settings.micro_batch_tokens,
             cache_cold=cold,
+            memo=memos.scan,
         )
         if planned is not None:
             await before_writing(run)
@@ -64,8 +66,7 @@ async def before_request(run: RunHandle) -> list[Node]:
                 planned.results_cleared,
                 planned.tokens_freed,
             )
-    tokens = (resources.views.memo(session.id) or ViewMemos()).tokens
-    estimate = anchored_estimate(run.config, view.projected, tokens)
+    estimate = anchored_estimate(run.config, view.projected, memos.tokens)
     pending = [span for span in view.collapses if span.applied_at is None]
     if pending and estimate > settings.collapse_at * limits.auto_compact_threshold:
         applied_at = datetime.now(UTC)
@@ -76,7 +77,7 @@ async def before_request(run: RunHandle) -> list[Node]:
         for span in pending:
             span.applied_at = applied_at
         view.reproject()
-        estimate = anchored_estimate(run.config, view.projected, tokens)
+        estimate = anchored_estimate(run.config, view.projected, memos.tokens)
     if estimate > limits.auto_compact_threshold and should_auto_compact(run, estimate):
         try:
             await compact(run, CompactionTrigger.AUTO, pre_tokens=estimate)
