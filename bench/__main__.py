@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "compaction": "Micro savings, post-compaction size, turn and compaction time, cache share",
     "token_estimates": "The token estimator against real usage in Claude Code transcripts",
     "durability": "Time to resume a run after kill -9 of its owner; hand-over on SIGTERM",
+    "view_memos": "A turn's pure context work as a session grows, with and without memos",
 }
 
 

@@ -15,6 +15,7 @@ result or the rows of one response. The newest turns are never collapsed.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from app.context.cut import cut_kinds
@@ -76,8 +77,11 @@ def plan_collapse_spans(
     return spans
 
 
+@functools.lru_cache(maxsize=1024)
 def collapsed_node(summary: str, collapse_id: str) -> Node:
-    """The synthetic user message that stands for a collapsed span."""
+    """The synthetic user message that stands for a collapsed span: the same object each
+    time a view draws it (kept for the most recent spans), so the rows after it keep
+    being compared by identity (`normalize.MergeMemo` and the other memos). Read-only."""
     content: list[Block] = [
         {"type": "text", "text": COLLAPSED_TEMPLATE.format(summary=summary.strip())}
     ]

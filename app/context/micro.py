@@ -207,28 +207,68 @@ def plan_micro(
     return None
 
 
+@dataclass
+class ClearMemo:
+    """The rows up to the watermark as the last projection with this memo drew them, so
+    that the next view with the same rows there, the same watermark and the same
+    results spared draws them from here: the same objects again, which the memos of the
+    steps after it (normalisation, estimates) compare by identity."""
+
+    head: tuple[Node, ...] = ()  # the view's rows up to the watermark
+    compactable: frozenset[str] = frozenset()
+    ids: frozenset[str] = frozenset()  # the tool use ids of the results it could clear
+    spared: frozenset[str] = frozenset()  # those left as answers to the newest call
+    drawn: list[Node] = field(default_factory=list)  # `head` as projected
+
+    def redraws(
+        self, head: Sequence[Node], compactable: frozenset[str], protected: frozenset[str]
+    ) -> bool:
+        return (
+            compactable == self.compactable
+            and len(head) == len(self.head)
+            and protected & self.ids == self.spared
+            and all(map(operator.is_, self.head, head))
+        )
+
+
 def apply_micro(
-    nodes: Sequence[Node], watermark: int | None, compactable: frozenset[str]
+    nodes: Sequence[Node],
+    watermark: int | None,
+    compactable: frozenset[str],
+    memo: ClearMemo | None = None,
 ) -> list[Node]:
     """The view with every compactable result at or before `watermark` shown as
     `CLEARED_TOOL_RESULT` (is_error and the other keys kept; the node's token estimate
-    lowered by the saving). Untouched nodes are the same objects."""
+    lowered by the saving). Untouched nodes are the same objects; with `memo`, so are
+    the cleared ones of the view it last drew, when nothing up to the watermark changed
+    (the result is the same with or without one)."""
     out = list(nodes)
     if watermark is None or watermark < 0:
         return out
     head = nodes[: watermark + 1]
     protected = _newest_assistant_uses(nodes)
+    if memo is not None and memo.redraws(head, compactable, protected):
+        out[: watermark + 1] = memo.drawn
+        return out
     cleared_tokens = chars_to_tokens(len(CLEARED_TOOL_RESULT))
-    for i, hits, _ in _scan(head, compactable, protected):
-        if not hits:
-            continue
+    ids: set[str] = set()
+    for i, hits, _ in _scan(head, compactable, frozenset()):
         node = nodes[i]
         content = list(node.content)
-        saved = 0
+        saved = cleared = 0
         for k in hits:
             block = content[k]
+            ids.add(block["tool_use_id"])
+            if block["tool_use_id"] in protected:
+                continue
             saved += _saving(block, cleared_tokens)
             content[k] = {**block, "content": CLEARED_TOOL_RESULT}
-        estimate = max(node.token_estimate - saved, 1) if node.token_estimate > 0 else 0
-        out[i] = node.with_content(content, estimate)
+            cleared += 1
+        if cleared:
+            estimate = max(node.token_estimate - saved, 1) if node.token_estimate > 0 else 0
+            out[i] = node.with_content(content, estimate)
+    if memo is not None:
+        memo.head, memo.compactable, memo.drawn = tuple(head), compactable, out[: watermark + 1]
+        memo.ids = frozenset(ids)
+        memo.spared = protected & memo.ids
     return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.context.collapse import apply_collapses
-from app.context.micro import apply_micro
+from app.context.micro import ClearMemo, apply_micro
 from app.context.types import Node
 
 
@@ -57,9 +57,11 @@ def project(
     watermark: int | None,
     compactable: frozenset[str],
     collapses: Sequence[tuple[int, int, CollapseSpan]],
+    memo: ClearMemo | None = None,
 ) -> list[Node]:
-    """snip -> micro -> collapse, each a projection over the same chain."""
-    projected = apply_micro(nodes, watermark, compactable)
+    """snip -> micro -> collapse, each a projection over the same chain. `memo`: see
+    `apply_micro` (the result is the same without one)."""
+    projected = apply_micro(nodes, watermark, compactable, memo)
     applied = [
         (start, end, span.summary, str(span.id))
         for start, end, span in collapses

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.context.estimates import TokenMemo
-from app.context.micro import ScanMemo
+from app.context.micro import ClearMemo, ScanMemo
 from app.context.normalize import MergeMemo
 from app.context.projection import CollapseSpan, project, span_indices
 from app.context.types import COMPACT_BOUNDARY, Node
@@ -45,9 +45,11 @@ def record_bytes(record: MessageRecord) -> int:
 @dataclass
 class ViewMemos:
     """What a session's next request carries over from the last one built from its
-    view here (the loop's requests only): where normalising, summing and scanning for
-    compactable results left off."""
+    view here: the rows micro-compaction cleared (any view of the session loaded here),
+    and where normalising, summing and scanning for compactable results left off (the
+    loop's requests only)."""
 
+    clear: ClearMemo = field(default_factory=ClearMemo)
     merge: MergeMemo = field(default_factory=MergeMemo)
     tokens: TokenMemo = field(default_factory=TokenMemo)
     scan: ScanMemo = field(default_factory=ScanMemo)
@@ -208,6 +210,7 @@ class ChainView:
     snipped: set[str] = field(default_factory=set)
     collapses: list[CollapseSpan] = field(default_factory=list)  # those on this chain
     projected: list[Node] = field(default_factory=list)
+    clear: ClearMemo | None = None  # the session's, while its view is kept here
 
     def reproject(self) -> None:
         """Project again after a watermark moved or a collapse was applied (in memory:
@@ -218,6 +221,7 @@ class ChainView:
             watermark=self.watermark,
             compactable=self.compactable,
             collapses=span_indices(self.nodes, self.collapses),
+            memo=self.clear,
         )
 
     def record_of(self, node: Node) -> MessageRecord | None:
@@ -250,6 +254,7 @@ async def load_view(
     anchors = found.watermark_anchors
     index = {node.uuid: i for i, node in enumerate(nodes)} if anchors or found.collapses else {}
     positions = [index[anchor] for anchor in anchors if anchor in index]
+    memos = cache.memo(session_id)
     view = ChainView(
         records=records,
         nodes=nodes,
@@ -260,6 +265,7 @@ async def load_view(
         collapses=[
             dataclasses.replace(span) for _, _, span in span_indices(nodes, found.collapses)
         ],
+        clear=memos.clear if memos is not None else None,
     )
     view.reproject()
     return view

@@ -86,6 +86,15 @@ def test_apply_collapses_exact_projection() -> None:
     assert validate_api_messages(normalize_for_api(out)) == []
 
 
+def test_a_collapsed_span_is_drawn_as_the_same_row_each_time() -> None:
+    """Each projection of a view draws its collapsed span as the same object, so the
+    rows after it keep being compared by identity by the next request's memos."""
+    h = turn(0) + turn(1) + turn(2)
+    first = apply_collapses(h, [(0, 3, "read t0", "c0")])
+    again = apply_collapses([*h, *turn(3)], [(0, 3, "read t0", "c0")])
+    assert all(x is y for x, y in zip(again, first, strict=False))
+
+
 def test_apply_collapses_rejects_overlap_and_out_of_range() -> None:
     h = turn(0) + turn(1)
     with pytest.raises(ValueError, match="overlaps"):

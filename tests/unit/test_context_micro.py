@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from app.context.blocks import is_model_visible
-from app.context.micro import MicroPlan, ScanMemo, apply_micro, plan_micro
+from app.context.micro import ClearMemo, MicroPlan, ScanMemo, apply_micro, plan_micro
 from app.context.normalize import normalize_for_api, validate_api_messages
 from app.context.tokens import estimate_messages
 from app.context.tools import COMPACTABLE_BUILTINS
@@ -298,3 +298,44 @@ def test_a_memo_changes_no_plan(
         assert plan == plans[1]
         if plan is not None and data.draw(st.booleans()):
             watermark = plan.watermark
+
+
+@given(agent_histories(), histories(), st.data())
+def test_a_projection_memo_changes_nothing(
+    h: list[Node], other: list[Node], data: st.DataObject
+) -> None:
+    """Growing views with a watermark that moves now and then, a branch, other
+    compactable tools and back: with one memo every projection equals the one drawn
+    without."""
+    views: list[tuple[list[Node], frozenset[str]]] = []
+    cut = 0
+    while cut < len(h):
+        cut = min(len(h), cut + data.draw(st.integers(1, 3)))
+        views.append((h[:cut], C))
+    branch_at = data.draw(st.integers(0, len(h)))
+    views += [(h, C), (h[:branch_at] + other, C), (h, frozenset({"Bash"})), (h, C)]
+    memo = ClearMemo()
+    watermark: int | None = None
+    for view, compactable in views:
+        if data.draw(st.booleans()) or (watermark is not None and watermark >= len(view)):
+            watermark = data.draw(st.none() | st.integers(0, max(len(view) - 1, 0)))
+        drawn = apply_micro(view, watermark, compactable, memo)
+        assert drawn == apply_micro(view, watermark, compactable)
+
+
+def test_a_projection_memo_draws_the_cleared_rows_again() -> None:
+    """The next turn's view (rows added after the watermark) gets the very objects the
+    last projection cleared, which the memos after it compare by identity; an answer to
+    the newest call found before the watermark makes it draw them afresh."""
+    h = session()
+    memo = ClearMemo()
+    first = apply_micro(h, 4, C, memo)
+    longer = [*h, a("a4", tool_use("t5", "Read")), u("r4", tool_result("t5", "m" * 3000))]
+    again = apply_micro(longer, 4, C, memo)
+    assert again[:5] == first[:5]
+    assert all(x is y for x, y in zip(again[:5], first[:5], strict=True))
+    assert again[2] is not h[2], "r1 is drawn cleared"
+    reused = [*longer, a("a5", tool_use("t3", "Grep"))]  # the newest call reuses t3 (in r2)
+    fresh = apply_micro(reused, 4, C, memo)
+    assert fresh == apply_micro(reused, 4, C)
+    assert fresh[4] is reused[4], "r2 answers the newest call now: left as stored"
