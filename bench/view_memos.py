@@ -22,34 +22,26 @@ import time
 import uuid
 from typing import Any
 
+from app.config import Settings
 from app.context.estimates import REQUEST_ESTIMATE, anchored_estimate, request_estimate
 from app.context.micro import plan_micro
 from app.context.projection import project
 from app.context.request import build_body
-from app.context.session import CompactionConfig, SessionConfig
 from app.context.types import ASSISTANT, USER, Node
+from app.conversation.sessions import config_of
 from app.conversation.views import ViewMemos
+from app.models import AgentSession
 from bench.common import ratio, section, table
 
 SIZES = (200, 1_000, 3_000)
 QUICK_SIZES = (100, 400)
 WATERMARK_BACK = 40  # rows after the micro watermark
-CONFIG = SessionConfig(
-    model="claude-sonnet-4-5",
-    system="You are a coding agent.",
-    tools=[],
-    builtin_tools=["Read"],
-    max_tokens=None,
-    thinking=None,
-    compaction=CompactionConfig(
-        auto=True,
-        threshold_tokens=None,
-        context_window=None,
-        keep_recent_tool_results=5,
-        micro_batch_tokens=20_000,
-        micro=True,
-        collapse_at=0.9,
+# A session with the service's default settings (compaction on) and the Read tool.
+CONFIG = config_of(
+    AgentSession(
+        model="claude-sonnet-4-5", system="You are a coding agent.", builtin_tools=["Read"]
     ),
+    Settings(model_provider="offline"),
 )
 
 

@@ -54,49 +54,16 @@ def _saving(block: Block, cleared_tokens: int) -> int:
     return estimate_block(block) - BLOCK_OVERHEAD_TOKENS - cleared_tokens
 
 
-def _scan(
-    nodes: Sequence[Node], compactable: frozenset[str], protected: frozenset[str]
-) -> list[tuple[int, list[int], int]]:
-    """Every node holding compactable results not cleared already: its index, the
-    positions of the clearable ones, and how many it holds that answer `protected`
-    uses (never cleared). Tool uses are learnt going forward, so a result matches only
-    a tool_use before it; a reused id keeps the name of its first use (normalize_for_api
-    keeps only that one). This runs on every request: one pass, few calls per block."""
-    names: dict[str, str] = {}  # id -> name of the first tool_use with that id
-    found: list[tuple[int, list[int], int]] = []
-    for i, node in enumerate(nodes):
-        content = node.content
-        if isinstance(content, str) or not content:
-            continue
-        if node.role == ASSISTANT:
-            for block in content:
-                if block.get("type") == "tool_use":
-                    names.setdefault(block.get("id", ""), block.get("name", ""))
-        elif node.role == USER:
-            hits: list[int] = []
-            guarded = 0
-            for k, block in enumerate(content):
-                if (
-                    block.get("type") == "tool_result"
-                    and names.get(block.get("tool_use_id", "")) in compactable
-                    and block.get("content") != CLEARED_TOOL_RESULT
-                ):
-                    if block["tool_use_id"] in protected:
-                        guarded += 1
-                    else:
-                        hits.append(k)
-            if hits or guarded:
-                found.append((i, hits, guarded))
-    return found
-
-
 @dataclass
 class ScanMemo:
-    """The compactable results found in the last view planned with this memo, so that a
-    view that extends it (the next turn's) is scanned only in its new rows: per node
-    holding some, its index and each result's block index and tool use id, in order
-    (`found`), with the nodes that answer each id (`by_id`) and the tool names learnt
-    (`names`). Holds references to the rows (compared by identity), not copies."""
+    """The compactable results not cleared already of the last view scanned with this
+    memo, so that a view that extends it (the next turn's) is scanned only in its new
+    rows: per node holding some, its index and each result's block index and tool use
+    id, in order (`found`), with the nodes that answer each id (`by_id`) and the tool
+    names learnt (`names`). Tool uses are learnt going forward, so a result matches
+    only a tool_use before it; a reused id keeps the name of its first use
+    (normalize_for_api keeps only that one). Holds references to the rows (compared by
+    identity), not copies."""
 
     nodes: tuple[Node, ...] = ()
     compactable: frozenset[str] = frozenset()
@@ -113,9 +80,9 @@ class ScanMemo:
         )
 
 
-def _found(nodes: Sequence[Node], compactable: frozenset[str], memo: ScanMemo) -> ScanMemo:
-    """`memo` brought up to `nodes`: `_scan`'s findings without the split by protected
-    uses, from where the memo left off when `nodes` extends its view, else afresh."""
+def _scan(nodes: Sequence[Node], compactable: frozenset[str], memo: ScanMemo) -> ScanMemo:
+    """`memo` brought up to `nodes`: scanned from where it left off when `nodes` extends
+    its view, else afresh. This runs on every request: few calls per block."""
     if not memo.resumes(nodes, compactable):
         memo.nodes, memo.compactable = (), compactable
         memo.names, memo.found, memo.by_id = {}, [], {}
@@ -169,7 +136,7 @@ def plan_micro(
     with or without one). With it a plan costs the view's new rows, the newest results
     (up to `keep_recent` and the protected ones) and those between the watermark and
     the plan's."""
-    found = _found(nodes, compactable, memo or ScanMemo())
+    found = _scan(nodes, compactable, memo or ScanMemo())
     entries = found.found
     # Entries answering the newest assistant message's uses: never cleared.
     protected = _newest_assistant_uses(nodes)
@@ -252,15 +219,15 @@ def apply_micro(
         return out
     cleared_tokens = chars_to_tokens(len(CLEARED_TOOL_RESULT))
     ids: set[str] = set()
-    for i, hits, _ in _scan(head, compactable, frozenset()):
+    for i, results in _scan(head, compactable, ScanMemo()).found:
         node = nodes[i]
         content = list(node.content)
         saved = cleared = 0
-        for k in hits:
-            block = content[k]
-            ids.add(block["tool_use_id"])
-            if block["tool_use_id"] in protected:
+        for k, use_id in results:
+            ids.add(use_id)
+            if use_id in protected:
                 continue
+            block = content[k]
             saved += _saving(block, cleared_tokens)
             content[k] = {**block, "content": CLEARED_TOOL_RESULT}
             cleared += 1

@@ -261,6 +261,21 @@ def test_plan_respects_keep_recent_and_frees_what_it_says(
     assert any(b["type"] == "tool_result" for b in h[plan.watermark].content)
 
 
+def growing_views(
+    h: list[Node], other: list[Node], data: st.DataObject
+) -> list[tuple[list[Node], frozenset[str]]]:
+    """A session's views as turns add one to three rows, the same view twice, a branch
+    sharing only a prefix, another set of compactable tools, then the first view again
+    (each with the compactable tools it is planned or drawn with)."""
+    views: list[tuple[list[Node], frozenset[str]]] = []
+    cut = 0
+    while cut < len(h):
+        cut = min(len(h), cut + data.draw(st.integers(1, 3)))
+        views.append((h[:cut], C))
+    branch_at = data.draw(st.integers(0, len(h)))
+    return [*views, (h, C), (h[:branch_at] + other, C), (h, frozenset({"Bash"})), (h, C)]
+
+
 @given(agent_histories(), histories(), st.integers(0, 4), st.integers(0, 3000), st.data())
 def test_a_memo_changes_no_plan(
     h: list[Node], other: list[Node], keep: int, batch: int, data: st.DataObject
@@ -269,13 +284,7 @@ def test_a_memo_changes_no_plan(
     same view twice, a branch sharing only a prefix, another set of compactable tools,
     then the first view again: with one memo throughout, every plan equals the one
     made without."""
-    views: list[tuple[list[Node], frozenset[str]]] = []
-    cut = 0
-    while cut < len(h):
-        cut = min(len(h), cut + data.draw(st.integers(1, 3)))
-        views.append((h[:cut], C))
-    branch_at = data.draw(st.integers(0, len(h)))
-    views += [(h, C), (h[:branch_at] + other, C), (h, frozenset({"Bash"})), (h, C)]
+    views = growing_views(h, other, data)
     memo = ScanMemo()
     watermark: int | None = None
     for view, compactable in views:
@@ -307,13 +316,7 @@ def test_a_projection_memo_changes_nothing(
     """Growing views with a watermark that moves now and then, a branch, other
     compactable tools and back: with one memo every projection equals the one drawn
     without."""
-    views: list[tuple[list[Node], frozenset[str]]] = []
-    cut = 0
-    while cut < len(h):
-        cut = min(len(h), cut + data.draw(st.integers(1, 3)))
-        views.append((h[:cut], C))
-    branch_at = data.draw(st.integers(0, len(h)))
-    views += [(h, C), (h[:branch_at] + other, C), (h, frozenset({"Bash"})), (h, C)]
+    views = growing_views(h, other, data)
     memo = ClearMemo()
     watermark: int | None = None
     for view, compactable in views:
