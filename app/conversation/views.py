@@ -77,7 +77,7 @@ class ChainCache:
         self.max_bytes = max_bytes
         self.entries: OrderedDict[uuid.UUID, CachedChain] = OrderedDict()
         self.size = 0
-        # The memos of each session kept here (the loop's requests only).
+        # The memos of each session kept here (`ViewMemos`: who uses which).
         self.memos: dict[uuid.UUID, ViewMemos] = {}
 
     async def view_records(
