@@ -25,7 +25,6 @@ reply is considered. Rows the model never sees count for nothing.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,7 @@ from app.context.blocks import is_internal, tool_use_ids
 from app.context.models import model_info
 from app.context.session import SessionConfig
 from app.context.tokens import estimate_block, estimate_system, estimate_tools, node_tokens
-from app.context.types import ASSISTANT, Node
+from app.context.types import ASSISTANT, Node, extends
 
 # The metadata key of a reply Parley stored: the estimate (calibration tokens, system
 # and tools included) of the request that produced it.
@@ -55,11 +54,8 @@ def visible_tokens(nodes: Sequence[Node], memo: TokenMemo | None = None) -> int:
     """The stored estimates of the rows the model sees, summed; from where `memo` left
     off when `nodes` extends its view (the result is the same without one)."""
     start = total = 0
-    if memo is not None:
-        kept = memo.nodes
-        # `map` compares in C: this runs over the whole view twice a request.
-        if len(kept) <= len(nodes) and all(map(operator.is_, kept, nodes)):
-            start, total = len(kept), memo.total
+    if memo is not None and extends(nodes, memo.nodes):
+        start, total = len(memo.nodes), memo.total
     total += sum(node_tokens(node) for node in nodes[start:] if not is_internal(node))
     if memo is not None:
         memo.nodes, memo.total = tuple(nodes), total

@@ -19,13 +19,12 @@ cleared: the model has not seen them yet.
 from __future__ import annotations
 
 import bisect
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.context.blocks import is_model_visible, tool_use_ids
 from app.context.tokens import BLOCK_OVERHEAD_TOKENS, chars_to_tokens, estimate_block
-from app.context.types import ASSISTANT, CLEARED_TOOL_RESULT, USER, Block, Node
+from app.context.types import ASSISTANT, CLEARED_TOOL_RESULT, USER, Block, Node, extends
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +71,7 @@ class ScanMemo:
     by_id: dict[str, list[int]] = field(default_factory=dict)  # id -> positions in `found`
 
     def resumes(self, nodes: Sequence[Node], compactable: frozenset[str]) -> bool:
-        kept = self.nodes
-        return (
-            compactable == self.compactable
-            and len(kept) <= len(nodes)
-            and all(map(operator.is_, kept, nodes))
-        )
+        return compactable == self.compactable and extends(nodes, self.nodes)
 
 
 def _scan(nodes: Sequence[Node], compactable: frozenset[str], memo: ScanMemo) -> ScanMemo:
@@ -194,7 +188,7 @@ class ClearMemo:
             compactable == self.compactable
             and len(head) == len(self.head)
             and protected & self.ids == self.spared
-            and all(map(operator.is_, self.head, head))
+            and extends(head, self.head)
         )
 
 

@@ -40,7 +40,6 @@ the whole view is a comparison of row identities and list copies, done in C.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +54,7 @@ from app.context.types import (
     ApiMessage,
     Block,
     Node,
+    extends,
 )
 
 # The content given to a tool_result that was stored with no content at all.
@@ -117,9 +117,7 @@ class MergeMemo:
     messages: list[ApiMessage] = field(default_factory=list)  # one per `paired` group
 
     def resumes(self, nodes: Sequence[Node]) -> bool:
-        kept = self.nodes
-        # `map` compares in C: this runs over the whole view on every request.
-        return 0 < len(kept) <= len(nodes) and all(map(operator.is_, kept, nodes))
+        return bool(self.nodes) and extends(nodes, self.nodes)
 
 
 def _without_cache_control(block: Block) -> Block:

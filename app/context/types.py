@@ -7,6 +7,8 @@ Anthropic shapes as plain dicts (`{"type": "text", "text": ...}`, `tool_use`,
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +66,13 @@ class Node:
             model=self.model,
             meta=self.meta,
         )
+
+
+def extends(nodes: Sequence[Node], kept: Sequence[Node]) -> bool:
+    """Whether `nodes` starts with the very rows of `kept` (the same objects): how the
+    memos of the per-request work tell the next view of a conversation from another.
+    `map` compares in C: this runs over whole views on every request."""
+    return len(kept) <= len(nodes) and all(map(operator.is_, kept, nodes))
 
 
 # Added for the context package.
